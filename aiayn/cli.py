@@ -1,0 +1,65 @@
+"""The `aiayn` command line: one subcommand per step of the recipe.
+
+Each subcommand lives in `aiayn/commands/<name>.py` with `add_arguments(parser)` and
+`main(args) -> int`. A `UserError` becomes one line on stderr and exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from aiayn.errors import UserError
+
+# name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
+# pay for importing the trainer.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("info", "print a preset's config, parameter count and FLOPs per token"),
+    "prepare": ("prepare", "learn a shared BPE vocabulary and binarize a parallel corpus"),
+    "train": ("train", "train a model on a prepared dataset"),
+    "average": ("average", "average the parameters of the last N checkpoints"),
+    "translate": ("translate", "translate text with a trained model"),
+    "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
+    "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
+    "download": ("download", "fetch a public data set with checksums"),
+    "export": ("export", "export a model for other inference engines (CTranslate2)"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    found = {}
+    for name, (mod, help_) in COMMANDS.items():
+        if importlib.util.find_spec(f"aiayn.commands.{mod}") is not None:
+            found[name] = (mod, help_)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aiayn", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (mod, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        module = importlib.import_module(f"aiayn.commands.{mod}")
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.main(args) or 0)
+    except UserError as e:
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"aiayn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Atomic file output and overwrite protection.
+
+Every file aiayn writes goes through `atomic_write` (temporary file in the same directory, fsync,
+rename): a crash at any instant leaves either the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from aiayn.errors import UserError
+
+
+def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse to replace an existing file unless the user asked for it (`--overwrite`)."""
+    p = Path(path)
+    if p.exists() and not overwrite:
+        raise UserError(f"{p} already exists; pass --overwrite to replace it")
+    return p
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename inside `directory` durable (no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temporary sibling of `path` for writing; on success fsync and rename it over `path`.
+
+    On an exception the temporary file is removed and `path` is untouched.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        fsync_dir(p.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """fsync an already written temporary file and rename it over `path` (for libraries that
+    write files themselves, e.g. safetensors)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)

@@ -1,0 +1,85 @@
+"""The key/value cache for incremental decoding.
+
+At decoding step t the decoder's self-attention needs the keys and values of all earlier target
+positions; recomputing them would make a sequence of length T cost O(T^2) projections. The cache
+keeps them, and the cross-attention keys/values of the encoder output, which never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class KVCache:
+    """Per-batch decoding state; one instance per `Transformer.new_cache` call.
+
+    Buffers (L = n_layers, B = batch rows, e.g. sentences x beams; h = n_heads):
+      self_k:  (L, B, h, capacity, d_k)  decoder self-attention keys, positions [0, length) valid
+      self_v:  (L, B, h, capacity, d_v)  decoder self-attention values
+      cross_k: (L, B, h, S, d_k)         encoder-output keys, computed once
+      cross_v: (L, B, h, S, d_v)         encoder-output values, computed once
+      src_mask: (B, S) bool              True at real source tokens (may attend)
+      length: int                        target positions decoded so far (the next position)
+
+    `capacity` grows by doubling when full, so callers need not know the output length.
+    """
+
+    self_k: Tensor
+    self_v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+    src_mask: Tensor
+    length: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.self_k.size(1)
+
+    @property
+    def capacity(self) -> int:
+        return self.self_k.size(3)
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new position's k (B, h, 1, d_k) and v (B, h, 1, d_v) for one layer and return
+        that layer's keys and values for positions [0, length] (views, no copy)."""
+        t = self.length
+        self.self_k[layer, :, :, t : t + 1] = k
+        self.self_v[layer, :, :, t : t + 1] = v
+        return self.self_k[layer, :, :, : t + 1], self.self_v[layer, :, :, : t + 1]
+
+    def ensure_capacity(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        new_cap = max(needed, 2 * self.capacity)
+
+        def grow(buf: Tensor) -> Tensor:
+            shape = list(buf.shape)
+            shape[3] = new_cap
+            out = buf.new_zeros(shape)
+            out[:, :, :, : self.length] = buf[:, :, :, : self.length]
+            return out
+
+        self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place: row i of the result is row index[i] (beam search reorders
+        hypotheses after each step, and expands each sentence to k beams at the start)."""
+        self.self_k = self.self_k.index_select(1, index)
+        self.self_v = self.self_v.index_select(1, index)
+        self.cross_k = self.cross_k.index_select(1, index)
+        self.cross_v = self.cross_v.index_select(1, index)
+        self.src_mask = self.src_mask.index_select(0, index)
+
+    @classmethod
+    def allocate(cls, n_layers: int, batch: int, n_heads: int, d_k: int, d_v: int,
+                 cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, capacity: int) -> "KVCache":
+        opts = dict(dtype=cross_k.dtype, device=cross_k.device)
+        return cls(
+            self_k=torch.zeros(n_layers, batch, n_heads, capacity, d_k, **opts),
+            self_v=torch.zeros(n_layers, batch, n_heads, capacity, d_v, **opts),
+            cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
+        )

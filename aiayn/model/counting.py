@@ -1,0 +1,45 @@
+"""Parameter counts and model FLOPs (Table 2, Table 3 "params")."""
+
+from __future__ import annotations
+
+import torch
+
+from aiayn.config import Config
+
+
+def count_parameters(cfg: Config) -> int:
+    """Exact trainable-parameter count of `Transformer(cfg)`, each shared matrix counted once.
+    Builds the model on the meta device, so even `big` costs no memory."""
+    from aiayn.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def matmul_weights_per_token(cfg: Config) -> dict[str, int]:
+    """Weights multiplied per token (biases and norms excluded): per source token in the encoder,
+    per target token in the decoder and the pre-softmax projection."""
+    d, h = cfg.d_model, cfg.n_heads
+    qk, vv = h * cfg.head_dim_k, h * cfg.head_dim_v
+    attn = d * (2 * qk + vv) + vv * d  # Q, K, V, W^O
+    ffn = 2 * d * cfg.d_ff
+    return {
+        "encoder": cfg.n_layers * (attn + ffn),
+        "decoder": cfg.n_layers * (2 * attn + ffn),
+        "output": d * cfg.tgt_vocab,
+    }
+
+
+def flops_per_target_token(cfg: Config, src_len: float = 25.0, tgt_len: float = 25.0,
+                           training: bool = True) -> float:
+    """Model FLOPs per target token: 2 per multiply-add forward, 3x that for training (forward
+    plus backward). Attention adds 2*h*(d_k + d_v) per query per key (scores and weighted sum);
+    causal masking is not discounted, the usual convention. The encoder's cost per source token is
+    charged at src_len / tgt_len source tokens per target token."""
+    w = matmul_weights_per_token(cfg)
+    hd = cfg.n_heads * (cfg.head_dim_k + cfg.head_dim_v)
+    ratio = src_len / tgt_len
+    enc = (2 * w["encoder"] + cfg.n_layers * 2 * hd * src_len) * ratio
+    dec = 2 * (w["decoder"] + w["output"]) + cfg.n_layers * 2 * hd * (tgt_len + src_len)
+    return (enc + dec) * (3 if training else 1)

@@ -1,0 +1,156 @@
+"""The model directory: what `aiayn train` checkpoints, `aiayn average` writes and
+`aiayn translate --model` reads. Self-contained: translating needs nothing else.
+
+    config.json          the `Config` (architecture, recipe, decoding defaults)
+    model.safetensors    the weights (shared matrices stored once)
+    spm.model            the shared sentencepiece model, or src.spm.model + tgt.spm.model
+    meta.json            free-form facts: languages, step, data manifest, metrics
+
+Directories are written to a temporary sibling and renamed into place, so a reader never sees a
+half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from aiayn.config import Config
+from aiayn.errors import UserError
+from aiayn.io import fsync_dir
+
+CONFIG_FILE, WEIGHTS_FILE, META_FILE = "config.json", "model.safetensors", "meta.json"
+SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # aiayn.model.Transformer, in eval mode
+    cfg: Config
+    src_tokenizer: Any  # aiayn.data.tokenizer.Tokenizer (the same object when shared)
+    tgt_tokenizer: Any
+    meta: dict = field(default_factory=dict)
+    path: Path | None = None
+
+
+def write_dir_atomically(path: str | os.PathLike, fill) -> Path:
+    """Call `fill(tmp_dir)` to populate a fresh temporary directory, fsync its files, then put it
+    at `path`, replacing an existing directory only after the new one is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        fill(tmp)
+        for f in tmp.iterdir():
+            if f.is_file():
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        fsync_dir(tmp)
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def tokenizer_files(directory: str | os.PathLike) -> dict[str, Path]:
+    """The sentencepiece files a model or dataset directory holds, by their standard names."""
+    d = Path(directory)
+    names = [SHARED_SPM] if (d / SHARED_SPM).exists() else [SRC_SPM, TGT_SPM]
+    return {n: d / n for n in names if (d / n).exists()}
+
+
+def fill_model_dir(tmp: Path, state: dict[str, torch.Tensor], cfg: Config,
+                   tokenizers: dict[str, Path], meta: dict | None = None) -> None:
+    """Write the model files into directory `tmp` (used inside `write_dir_atomically`, and by
+    checkpoints that add trainer state beside them)."""
+    (tmp / CONFIG_FILE).write_text(cfg.to_json() + "\n", encoding="utf-8")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / WEIGHTS_FILE))
+    for name, src in tokenizers.items():
+        shutil.copyfile(src, tmp / name)
+    (tmp / META_FILE).write_text(json.dumps(meta or {}, indent=2, default=str) + "\n",
+                                 encoding="utf-8")
+
+
+def save_model(path: str | os.PathLike, model: torch.nn.Module, cfg: Config,
+               tokenizers: dict[str, Path], meta: dict | None = None) -> Path:
+    """Write a complete model directory at `path` atomically."""
+    state = model.state_dict()
+    return write_dir_atomically(path, lambda tmp: fill_model_dir(tmp, state, cfg, tokenizers, meta))
+
+
+def read_config(path: str | os.PathLike) -> Config:
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{p}: no such model directory")
+    if not (p / CONFIG_FILE).exists():
+        raise UserError(f"{p} is not an aiayn model directory (no {CONFIG_FILE})")
+    try:
+        return Config.from_dict(json.loads((p / CONFIG_FILE).read_text(encoding="utf-8")))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg})") from None
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    f = Path(path) / WEIGHTS_FILE
+    if not f.exists():
+        raise UserError(f"{path} has no {WEIGHTS_FILE}")
+    try:
+        return load_file(str(f))
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise UserError(f"{f}: cannot read weights ({e})") from None
+
+
+def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Load weights, refusing (one clear line) when keys or shapes do not match the architecture."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise UserError(f"{where}: weights do not match the config's architecture "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise UserError(f"{where}: weight {k} has shape {tuple(v.shape)}, "
+                            f"the config expects {tuple(own[k].shape)}")
+    model.load_state_dict(state)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
+    """Read a model directory: model (eval mode, on `device`), config, tokenizers and meta."""
+    from aiayn.data.tokenizer import Tokenizer  # sentencepiece, only when loading
+    from aiayn.model.transformer import Transformer
+
+    p = Path(path)
+    cfg = read_config(p)
+    model = Transformer(cfg)
+    load_state_checked(model, read_weights(p), str(p))
+    toks = tokenizer_files(p)
+    if SHARED_SPM in toks:
+        src_tok = tgt_tok = Tokenizer.load(toks[SHARED_SPM])
+    elif SRC_SPM in toks and TGT_SPM in toks:
+        src_tok, tgt_tok = Tokenizer.load(toks[SRC_SPM]), Tokenizer.load(toks[TGT_SPM])
+    else:
+        raise UserError(f"{p} has no tokenizer ({SHARED_SPM}, or {SRC_SPM} and {TGT_SPM})")
+    meta = {}
+    if (p / META_FILE).exists():
+        meta = json.loads((p / META_FILE).read_text(encoding="utf-8"))
+    return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, meta, p)

@@ -1,0 +1,99 @@
+"""Encoder and decoder layers (§3.1) and the position-wise feed-forward network (§3.3)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.config import Config
+from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.cache import KVCache
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2), applied to each position alike."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.p_ffn_drop = cfg.p_ffn_drop  # deviation, default 0: dropout on the ReLU output
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.dropout(F.relu(self.w1(x)), self.p_ffn_drop, self.training))
+
+
+class Residual(nn.Module):
+    """Post-norm LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4), or, as an option, pre-norm
+    x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.pre = cfg.norm == "pre"
+        self.p_drop = cfg.p_drop
+
+    def inp(self, x: Tensor) -> Tensor:
+        """What the sub-layer reads."""
+        return self.norm(x) if self.pre else x
+
+    def out(self, x: Tensor, sub: Tensor) -> Tensor:
+        """Combine the sub-layer's output with the residual stream."""
+        y = x + F.dropout(sub, self.p_drop, self.training)
+        return y if self.pre else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then FFN, each wrapped in `Residual` (§3.1)."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
+        self.ffn = FeedForward(cfg)
+        self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, S, d_model); mask broadcastable to (B, h, S, S), True = may attend."""
+        q, k, v = self.self_attn.project_qkv(self.res_attn.inp(x))
+        a, w = self.self_attn.attend(q, k, v, mask, need_weights=need_weights)
+        x = self.res_attn.out(x, a)
+        return self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x))), w
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, attention over the encoder output, then FFN (§3.1)."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
+        self.cross_attn = MultiHeadAttention(cfg, self_attention=False)
+        self.ffn = FeedForward(cfg)
+        self.res_self, self.res_cross, self.res_ffn = Residual(cfg), Residual(cfg), Residual(cfg)
+
+    def forward(self, y: Tensor, memory: Tensor, self_mask: Tensor | None, cross_mask: Tensor,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """y: (B, T, d_model), memory: (B, S, d_model). `self_mask` None means plain causal
+        masking; cross_mask broadcastable to (B, h, T, S)."""
+        q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
+        a, w_self = self.self_attn.attend(q, k, v, self_mask, is_causal=self_mask is None,
+                                          need_weights=need_weights)
+        y = self.res_self.out(y, a)
+        q = self.cross_attn.project_q(self.res_cross.inp(y))
+        k, v = self.cross_attn.project_kv(memory)
+        a, w_cross = self.cross_attn.attend(q, k, v, cross_mask, need_weights=need_weights)
+        y = self.res_cross.out(y, a)
+        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
+
+    def step(self, y: Tensor, cache: KVCache, layer: int, self_mask: Tensor | None) -> Tensor:
+        """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache.
+        `self_mask` (1, length+1) is only needed for restricted attention."""
+        q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
+        k_all, v_all = cache.append(layer, k, v)  # (B, h, t+1, d_k), (B, h, t+1, d_v)
+        a, _ = self.self_attn.attend(q, k_all, v_all, self_mask)
+        y = self.res_self.out(y, a)
+        q = self.cross_attn.project_q(self.res_cross.inp(y))
+        cross_mask = cache.src_mask[:, None, None, :]  # (B, 1, 1, S)
+        a, _ = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask)
+        y = self.res_cross.out(y, a)
+        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y)))
