@@ -2,15 +2,31 @@
 
 Python API (the CLI is built on the same functions):
 
-    from aiayn import Config, PRESETS, Transformer
-    cfg = replace(PRESETS["base"], vocab_size=37000)
-    model = Transformer(cfg)
+    from dataclasses import replace
+    from aiayn import PRESETS, Transformer
+    model = Transformer(replace(PRESETS["base"], vocab_size=37000))
+
+Names are imported on first use, so `import aiayn` (and every `aiayn` command) does not pay for
+importing torch until it needs it.
 """
 
-from aiayn.config import BASE, PRESETS, Config, get_preset, load_config
-from aiayn.errors import UserError
-from aiayn.model import KVCache, Transformer, count_parameters, flops_per_target_token
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["Config", "BASE", "PRESETS", "get_preset", "load_config", "UserError", "Transformer",
-           "KVCache", "count_parameters", "flops_per_target_token"]
+
+_LAZY = {
+    "Config": "aiayn.config", "BASE": "aiayn.config", "PRESETS": "aiayn.config",
+    "get_preset": "aiayn.config", "load_config": "aiayn.config", "UserError": "aiayn.errors",
+    "Transformer": "aiayn.model", "KVCache": "aiayn.model", "count_parameters": "aiayn.model",
+    "flops_per_target_token": "aiayn.model", "load_model": "aiayn.model.io",
+    "save_model": "aiayn.model.io",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from aiayn.errors import UserError
 
@@ -33,6 +34,12 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(fd)
 
 
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary sibling of `path` for writing; on success fsync and rename it over `path`.
@@ -42,6 +49,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.chmod(tmp, _umask_mode())  # mkstemp makes 0600; outputs get the user's usual mode
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
@@ -63,5 +71,46 @@ def atomic_replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.chmod(tmp, _umask_mode())
     os.replace(tmp, path)
     fsync_dir(Path(path).parent)
+
+
+def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
+    """Call `fill(tmp)` to populate a fresh temporary sibling directory, fsync its files, give them
+    the user's usual permissions, then put it at `path`. An existing directory at `path` is
+    replaced only once the new one is complete, and is put back if the swap fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        fill(tmp)
+        mode = _umask_mode()
+        for f in tmp.iterdir():
+            if f.is_file():
+                os.chmod(f, mode)
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
+        fsync_dir(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / "d")
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old / "d", path)  # put the previous directory back
+                raise
+            finally:
+                if path.exists():
+                    shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

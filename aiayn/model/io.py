@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.io import fsync_dir
+from aiayn.io import write_dir_atomically  # noqa: F401  (re-exported for callers)
 
 CONFIG_FILE, WEIGHTS_FILE, META_FILE = "config.json", "model.safetensors", "meta.json"
 SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
@@ -39,37 +38,6 @@ class LoadedModel:
     tgt_tokenizer: Any
     meta: dict = field(default_factory=dict)
     path: Path | None = None
-
-
-def write_dir_atomically(path: str | os.PathLike, fill) -> Path:
-    """Call `fill(tmp_dir)` to populate a fresh temporary directory, fsync its files, then put it
-    at `path`, replacing an existing directory only after the new one is complete."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        fill(tmp)
-        for f in tmp.iterdir():
-            if f.is_file():
-                fd = os.open(f, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        fsync_dir(tmp)
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
 
 
 def tokenizer_files(directory: str | os.PathLike) -> dict[str, Path]:

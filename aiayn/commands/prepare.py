@@ -1,0 +1,64 @@
+"""`aiayn prepare`: learn a subword vocabulary and binarize a parallel corpus into a dataset directory.
+
+Each corpus is given as PREFIX (finds PREFIX.<src-lang> and PREFIX.<tgt-lang>, each optionally .gz
+or WMT .sgm), as one FILE.tsv (source<TAB>target), or as two files SRC TGT. Only the training
+corpus is cleaned; dev and test sets keep every line. Re-running with the same inputs and options
+reuses the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+CORPUS_HELP = "PREFIX (PREFIX.SRC_LANG + PREFIX.TGT_LANG, optionally .gz), FILE.tsv, or two files SRC TGT"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("example: aiayn prepare --src-lang en --tgt-lang de --train data/train "
+                "--valid data/val --test data/test_2016_flickr --out data/m30k --vocab-size 8000")
+    p.add_argument("--src-lang", required=True, help="source language code, e.g. en")
+    p.add_argument("--tgt-lang", required=True, help="target language code, e.g. de")
+    p.add_argument("--train", required=True, nargs="+", metavar="PATH",
+                   help=f"training corpus: {CORPUS_HELP}")
+    p.add_argument("--valid", nargs="+", metavar="PATH", help="dev corpus (never filtered), same forms")
+    p.add_argument("--test", nargs="+", action="append", default=[], metavar="PATH",
+                   help="test corpus (never filtered), same forms; repeat for more (splits test, test2, ...)")
+    p.add_argument("--out", required=True, help="dataset directory to create")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="subword vocabulary size including 4 specials (default 8000; the paper's WMT "
+                        "EN-DE used about 37000)")
+    p.add_argument("--separate-vocab", action="store_true",
+                   help="one vocabulary per language instead of the paper's shared one (untied embeddings)")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"],
+                   help="sentencepiece model (default bpe, as the paper)")
+    p.add_argument("--max-len", type=int, default=250,
+                   help="drop training pairs with a side longer than this many subword tokens (0: no "
+                        "limit; default 250)")
+    p.add_argument("--max-ratio", type=float, default=9.0,
+                   help="drop training pairs whose longer side has more than this many times the "
+                        "tokens of the shorter (0: no limit; default 9)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
+
+
+def main(args: argparse.Namespace) -> int:
+    from aiayn.data.corpus import find_parallel
+    from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    options = PrepareOptions(
+        src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
+        separate_vocab=args.separate_vocab, model_type=args.model_type, max_len=args.max_len,
+        max_ratio=args.max_ratio,
+    )
+    options.check()
+    splits = {"train": find_parallel(args.train, args.src_lang, args.tgt_lang)}
+    if args.valid:
+        splits["valid"] = find_parallel(args.valid, args.src_lang, args.tgt_lang)
+    for i, values in enumerate(args.test):
+        splits["test" if i == 0 else f"test{i + 1}"] = find_parallel(values, args.src_lang, args.tgt_lang)
+    result = prepare_dataset(args.out, splits, options, overwrite=args.overwrite, log=log)
+    print(format_summary(result))
+    return 0

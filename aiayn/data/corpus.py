@@ -1,0 +1,238 @@
+"""Reading parallel corpora, and cleaning training pairs.
+
+Formats (all UTF-8; any file may be gzipped, recognised by its magic bytes, not its name):
+- a pair of line-aligned files, one sentence per line (`train.en` + `train.de`);
+- one tab-separated file, `source<TAB>target` per line (`.tsv`, `.tsv.gz`);
+- WMT's SGML test sets (`.sgm`, `.sgml`): the text of each `<seg ...>...</seg>`, in file order,
+  with XML character entities unescaped.
+
+Lines are split on "\\n" only (never on a lone "\\r", U+2028 or other Unicode separators) and lose
+their trailing "\\n" and one trailing "\\r"; nothing else is changed (no Unicode normalisation, no
+whitespace collapsing). The one exception is a UTF-8 byte order mark at the very start of a file,
+which is an encoding marker rather than text and is dropped.
+
+Problems are `UserError`s naming the file (and the 1-based line where there is one), raised before
+anything is written: a missing file, invalid UTF-8, line counts that differ, a TSV line without
+exactly one tab, an SGML file without segments.
+
+Cleaning (`empty_pairs`, `length_filters`) applies to training data only; dev and test sets are
+never filtered or reordered, one output line per input line. Lengths for the filters are counted in
+subword tokens (not words): the limit then means the same thing as the batcher's token budget, so
+`aiayn prepare --max-len N` guarantees every pair fits a batch of `max_tokens >= N + 1`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from aiayn.errors import UserError
+
+GZIP_MAGIC = b"\x1f\x8b"
+SGML_SUFFIXES = (".sgm", ".sgml")
+TSV_SUFFIXES = (".tsv",)
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The content of `path`, gunzipped if it is gzip (by magic bytes)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            if head == GZIP_MAGIC:
+                with gzip.GzipFile(fileobj=f) as g:
+                    return g.read()
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{p}: is a directory, expected a text file") from None
+    except PermissionError:
+        raise UserError(f"{p}: permission denied") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise UserError(f"{p}: damaged gzip file ({e})") from None
+
+
+def decode_utf8(data: bytes, path: str | Path) -> str:
+    """Strict UTF-8 decoding; an error names the file, 1-based line and column."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        bad = data[e.start]
+        raise UserError(f"{path}:{line}: invalid UTF-8 (byte 0x{bad:02x} at column {col})") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on "\\n" only; drop each line's trailing "\\r"; no empty last line after a final "\\n"."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if "\r" in text:
+        lines = [s[:-1] if s.endswith("\r") else s for s in lines]
+    return lines
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """One string per line of a plain (or gzipped) UTF-8 text file."""
+    return split_lines(decode_utf8(read_bytes(path), path))
+
+
+_SEG = re.compile(r"<seg\b[^>]*>(.*?)</seg\s*>", re.IGNORECASE)
+_ENTITY = re.compile(r"&(?:#([0-9]+)|#[xX]([0-9a-fA-F]+)|(amp|lt|gt|quot|apos));")
+_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+
+
+def _entity(m: re.Match) -> str:
+    if m.group(3):
+        return _NAMED[m.group(3)]
+    code = int(m.group(1)) if m.group(1) else int(m.group(2), 16)
+    return chr(code) if 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else m.group(0)
+
+
+def unescape_xml(text: str) -> str:
+    """Replace the five XML named entities and numeric character references; leave others."""
+    return _ENTITY.sub(_entity, text) if "&" in text else text
+
+
+def read_sgml(path: str | Path) -> list[str]:
+    """The segments of a WMT SGML file (`<seg id="1">text</seg>`), in file order, unescaped."""
+    text = decode_utf8(read_bytes(path), path)
+    segs = [unescape_xml(m.group(1)) for m in _SEG.finditer(text)]
+    if not segs:
+        raise UserError(f"{path}: no <seg> elements found; is this a WMT SGML file?")
+    return segs
+
+
+def _base_suffix(path: Path) -> str:
+    """The suffix that says the format, ignoring a trailing `.gz`."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    return Path(name).suffix
+
+
+def read_text(path: str | Path) -> list[str]:
+    """Sentences of a monolingual file: SGML by suffix (`.sgm`, `.sgml`), else one per line."""
+    p = Path(path)
+    return read_sgml(p) if _base_suffix(p) in SGML_SUFFIXES else read_lines(p)
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Line-aligned source and target sentences; their counts must agree."""
+    src, tgt = read_text(src_path), read_text(tgt_path)
+    if len(src) != len(tgt):
+        raise UserError(
+            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+        )
+    return src, tgt
+
+
+def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
+    """`source<TAB>target` per line; each line must hold exactly one tab."""
+    src: list[str] = []
+    tgt: list[str] = []
+    for i, line in enumerate(read_lines(path), 1):
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise UserError(f"{path}:{i}: expected source<TAB>target, found {len(parts) - 1} tabs")
+        src.append(parts[0])
+        tgt.append(parts[1])
+    return src, tgt
+
+
+@dataclass(frozen=True)
+class ParallelSource:
+    """Where one split's sentence pairs come from: two aligned files, or one TSV (`tgt is None`)."""
+
+    src: Path
+    tgt: Path | None = None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.src,) if self.tgt is None else (self.src, self.tgt)
+
+    @property
+    def kind(self) -> str:
+        return "tsv" if self.tgt is None else "pair"
+
+    def read(self) -> tuple[list[str], list[str]]:
+        return read_tsv(self.src) if self.tgt is None else read_parallel(self.src, self.tgt)
+
+
+def _is_tsv(path: Path) -> bool:
+    return _base_suffix(path) in TSV_SUFFIXES
+
+
+def _find_side(prefix: str, lang: str) -> Path:
+    """PREFIX.lang, PREFIX.lang.gz, PREFIX.lang.sgm: exactly one must exist."""
+    candidates = [Path(f"{prefix}.{lang}{ext}") for ext in ("", ".gz", ".sgm", ".sgm.gz")]
+    found = [c for c in candidates if c.is_file()]
+    if not found:
+        raise UserError(f"no file {prefix}.{lang} (nor .gz, .sgm): missing {lang} side of {prefix}")
+    if len(found) > 1:
+        raise UserError(f"ambiguous {lang} side of {prefix}: both {found[0]} and {found[1]} exist")
+    return found[0]
+
+
+def find_parallel(values: Sequence[str], src_lang: str, tgt_lang: str) -> ParallelSource:
+    """Resolve a command-line corpus: `PREFIX` (finds PREFIX.src_lang and PREFIX.tgt_lang, each
+    optionally `.gz`), `FILE.tsv[.gz]`, or two explicit files `SRC TGT`. Missing files are errors."""
+    if len(values) == 2:
+        for v in values:
+            if not Path(v).is_file():
+                raise UserError(f"{v}: no such file")
+        return ParallelSource(Path(values[0]), Path(values[1]))
+    if len(values) != 1:
+        raise UserError(f"expected PREFIX, FILE.tsv or SRC TGT, got {len(values)} values: {' '.join(values)}")
+    value = values[0]
+    p = Path(value)
+    if _is_tsv(p):
+        if not p.is_file():
+            raise UserError(f"{p}: no such file")
+        return ParallelSource(p)
+    has_sides = any(Path(f"{value}.{src_lang}{ext}").exists() for ext in ("", ".gz", ".sgm", ".sgm.gz"))
+    if p.is_file() and not has_sides:
+        raise UserError(f"{p} is a single file: give a PREFIX (PREFIX.{src_lang}, PREFIX.{tgt_lang}), "
+                        f"a .tsv file, or two files SRC TGT")
+    return ParallelSource(_find_side(value, src_lang), _find_side(value, tgt_lang))
+
+
+# --- cleaning (training data only) --------------------------------------------------------------
+
+
+def empty_pairs(src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
+    """Bool mask, True where either side is empty or only whitespace."""
+    return np.fromiter((not s.strip() or not t.strip() for s, t in zip(src, tgt)), bool, count=len(src))
+
+
+def length_filters(
+    src_len: np.ndarray, tgt_len: np.ndarray, max_len: int, max_ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Masks (too_long, bad_ratio) over pairs, from lengths in subword tokens (no specials).
+
+    too_long: either side longer than `max_len` (0 disables). bad_ratio: the longer side more than
+    `max_ratio` times the shorter (0 disables), as Moses' clean-corpus-n does with words.
+    """
+    src_len = np.asarray(src_len, dtype=np.int64)
+    tgt_len = np.asarray(tgt_len, dtype=np.int64)
+    too_long = np.zeros(len(src_len), bool)
+    if max_len > 0:
+        too_long = (src_len > max_len) | (tgt_len > max_len)
+    bad_ratio = np.zeros(len(src_len), bool)
+    if max_ratio > 0:
+        longer = np.maximum(src_len, tgt_len)
+        shorter = np.maximum(np.minimum(src_len, tgt_len), 1)
+        bad_ratio = longer > max_ratio * shorter
+    return too_long, bad_ratio

@@ -1,0 +1,212 @@
+"""Binarized parallel datasets: what `aiayn prepare` writes and what training reads.
+
+A dataset directory holds:
+- `manifest.json`: format version, languages, vocabulary, options, per-split sizes, filter counts
+  and the source files with their sha256 (which also decide whether a re-run is up to date);
+- `spm.model` (shared vocabulary, §3.4) or `src.spm.model` + `tgt.spm.model` (separate);
+- per split and side (`src`, `tgt`): `{split}.{side}.ids.npy`, every sentence's subword ids
+  concatenated (uint16 when the vocabulary fits, else int32; no specials), and
+  `{split}.{side}.idx.npy`, int64 offsets of length pairs+1 (sentence i is ids[idx[i]:idx[i+1]]);
+  both are `.npy` files so their dtype travels with them, and they are read memory-mapped;
+- for dev and test splits, `{split}.src.txt` and `{split}.tgt.txt`: the raw lines, one per input
+  line, for scoring BLEU against untokenized references (read them with `read_split_text`).
+
+`aiayn.data.prepare` writes these directories; this module names their files and reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from aiayn.data.corpus import read_lines
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import UserError
+
+FORMAT = "aiayn-dataset"
+FORMAT_VERSION = 1
+SIDES = ("src", "tgt")
+
+
+# --- file names ---------------------------------------------------------------------------------
+
+
+def ids_file(split: str, side: str) -> str:
+    return f"{split}.{side}.ids.npy"
+
+
+def idx_file(split: str, side: str) -> str:
+    return f"{split}.{side}.idx.npy"
+
+
+def text_file(split: str, side: str) -> str:
+    return f"{split}.{side}.txt"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def read_manifest(directory: str | Path) -> dict:
+    path = Path(directory) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        msg = f"{directory}: not a prepared dataset (no manifest.json); run aiayn prepare"
+        raise UserError(msg) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: damaged manifest ({e})") from None
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"{path}: not an aiayn dataset manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise UserError(f"{path}: dataset format version {manifest.get('version')}, this aiayn reads "
+                        f"{FORMAT_VERSION}; re-run aiayn prepare")
+    return manifest
+
+
+def expected_files(manifest: dict) -> list[str]:
+    files = sorted({v["file"] for v in manifest["vocab"].values()})
+    for split, info in manifest["splits"].items():
+        for side in SIDES:
+            files += [ids_file(split, side), idx_file(split, side)]
+            if info["raw_text"]:
+                files.append(text_file(split, side))
+    return files
+
+
+def is_complete(directory: Path, manifest: dict) -> bool:
+    return all((directory / f).is_file() for f in expected_files(manifest))
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+@dataclass
+class DatasetInfo:
+    """A dataset directory's manifest and tokenizers (the same object twice when shared)."""
+
+    directory: Path
+    manifest: dict
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    splits: list[str] = field(default_factory=list)
+
+    @property
+    def shared_vocab(self) -> bool:
+        return self.src_tokenizer is self.tgt_tokenizer
+
+
+def load_dataset_dir(directory: str | Path) -> DatasetInfo:
+    """Manifest and tokenizers of a prepared dataset (what the trainer needs besides the splits)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise UserError(f"{d}: no such dataset directory; run aiayn prepare")
+    manifest = read_manifest(d)
+    vocab = manifest["vocab"]
+    src = Tokenizer.load(d / vocab["src"]["file"])
+    tgt = src if manifest["shared_vocab"] else Tokenizer.load(d / vocab["tgt"]["file"])
+    return DatasetInfo(d, manifest, src, tgt, list(manifest["splits"]))
+
+
+def _check_split(info: DatasetInfo, split: str) -> dict:
+    if split not in info.manifest["splits"]:
+        raise UserError(f"{info.directory}: no split {split!r}; it has {', '.join(info.splits)}")
+    return info.manifest["splits"][split]
+
+
+def _load_array(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing from the dataset; re-run aiayn prepare") from None
+
+
+def read_split_text(directory: str | Path | DatasetInfo, split: str, side: str = "tgt") -> list[str]:
+    """The raw (untokenized) lines of a dev/test split, e.g. BLEU references (side="tgt")."""
+    info = directory if isinstance(directory, DatasetInfo) else load_dataset_dir(directory)
+    if side not in SIDES:
+        raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+    if not _check_split(info, split)["raw_text"]:
+        raise UserError(f"{info.directory}: split {split!r} keeps no raw text (only dev/test splits do)")
+    return read_lines(info.directory / text_file(split, side))
+
+
+class ParallelDataset:
+    """One split of a prepared dataset, memory-mapped. `ds[i] -> (src ids, tgt ids)` as numpy
+    arrays of subword ids without specials; `src_lengths`/`tgt_lengths` are int64 arrays."""
+
+    def __init__(self, directory: str | Path, split: str = "train", info: DatasetInfo | None = None):
+        self.info = info or load_dataset_dir(directory)
+        self.directory = self.info.directory
+        self.split = split
+        self.split_info = _check_split(self.info, split)
+        d = self.directory
+        self.src_ids = _load_array(d / ids_file(split, "src"))
+        self.tgt_ids = _load_array(d / ids_file(split, "tgt"))
+        self.src_offsets = np.array(_load_array(d / idx_file(split, "src")))
+        self.tgt_offsets = np.array(_load_array(d / idx_file(split, "tgt")))
+        self.src_lengths = np.diff(self.src_offsets)
+        self.tgt_lengths = np.diff(self.tgt_offsets)
+        n = self.split_info["pairs"]
+        if not (len(self.src_lengths) == len(self.tgt_lengths) == n
+                and self.src_offsets[-1] == len(self.src_ids) and self.tgt_offsets[-1] == len(self.tgt_ids)):
+            raise UserError(f"{d}: split {split!r} is inconsistent with its manifest; re-run aiayn prepare")
+
+    @property
+    def manifest(self) -> dict:
+        return self.info.manifest
+
+    @property
+    def src_tokenizer(self) -> Tokenizer:
+        return self.info.src_tokenizer
+
+    @property
+    def tgt_tokenizer(self) -> Tokenizer:
+        return self.info.tgt_tokenizer
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"pair {i} out of range for {n} pairs")
+        i %= n
+        src = np.asarray(self.src_ids[self.src_offsets[i] : self.src_offsets[i + 1]])
+        tgt = np.asarray(self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]])
+        return src, tgt
+
+    def text(self, i: int) -> tuple[str, str]:
+        """Pair i decoded back to text."""
+        src, tgt = self[i]
+        return self.src_tokenizer.decode(src.tolist()), self.tgt_tokenizer.decode(tgt.tolist())
+
+    def reference_lines(self, side: str = "tgt") -> list[str]:
+        """The raw lines of this (dev/test) split; see `read_split_text`."""
+        return read_split_text(self.info, self.split, side)
+
+    def __repr__(self) -> str:
+        return f"ParallelDataset({str(self.directory)!r}, {self.split!r}, pairs={len(self)})"
+
+    # Memory maps and sentencepiece processors do not pickle well: reopen in the new process.
+    def __getstate__(self) -> dict:
+        return {"directory": str(self.directory), "split": self.split}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["directory"], state["split"])
+
+
+_MOVED_TO_PREPARE = ("PrepareOptions", "PrepareResult", "prepare_dataset", "format_summary")
+
+
+def __getattr__(name: str):
+    # The writing side lives in aiayn.data.prepare (which imports this module); keep
+    # `from aiayn.data.dataset import prepare_dataset` working without a circular import.
+    if name in _MOVED_TO_PREPARE:
+        from aiayn.data import prepare
+
+        return getattr(prepare, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""Cost of the input pipeline: building an epoch of token-budget batches and collating them.
+
+Default: a synthetic dataset of Multi30k's size (29,000 pairs, 10-40 subword tokens a side) in the
+same memory layout as a prepared dataset (concatenated uint16 ids + int64 offsets), so the numbers
+are those of the fast collate path. `--data DIR` uses a dataset made by `aiayn prepare` instead.
+Prints, per max_tokens budget, the batch count, padding fraction and milliseconds per batch for
+planning and for collating, to be set against the time of one training step.
+
+    .venv/bin/python benchmarks/bench_batching.py
+    .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
+
+
+class SyntheticDataset:
+    """Random ids in ParallelDataset's layout: `{side}_ids` concatenated, `{side}_offsets`."""
+
+    def __init__(self, n: int, lo: int, hi: int, vocab: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self.src_lengths = rng.integers(lo, hi + 1, n)
+        # Target lengths track the source, as in translation (German ~ English + 10%).
+        ratio = rng.normal(1.1, 0.15, n)
+        self.tgt_lengths = np.clip(np.round(self.src_lengths * ratio), 1, None).astype(np.int64)
+        for side in ("src", "tgt"):
+            lengths = getattr(self, f"{side}_lengths")
+            setattr(self, f"{side}_ids", rng.integers(4, vocab, int(lengths.sum())).astype(np.uint16))
+            offsets = np.zeros(n + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            setattr(self, f"{side}_offsets", offsets)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=int, default=29_000, help="synthetic pairs (default 29000, Multi30k)")
+    p.add_argument("--min-len", type=int, default=10, help="shortest synthetic source (default 10)")
+    p.add_argument("--max-len", type=int, default=40, help="longest synthetic source (default 40)")
+    p.add_argument("--data", help="a prepared dataset directory to use instead of synthetic data")
+    p.add_argument("--split", default="train", help="split of --data (default train)")
+    p.add_argument("--max-tokens", type=int, nargs="+", default=[1024, 4096, 25_000],
+                   help="token budgets to try (default 1024 4096 25000)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs to time, best one reported (default 3)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks to split among (rank 0 timed)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    if args.data:
+        from aiayn.data.dataset import ParallelDataset
+
+        ds = ParallelDataset(args.data, args.split)
+        print(f"dataset: {args.data} [{args.split}], {len(ds)} pairs")
+    else:
+        ds = SyntheticDataset(args.pairs, args.min_len, args.max_len, 8000, args.seed)
+        print(f"dataset: synthetic, {len(ds)} pairs, source lengths {args.min_len}-{args.max_len}")
+    src_tokens, tgt_tokens = int(ds.src_lengths.sum()), int(ds.tgt_lengths.sum())
+    print(f"tokens: {src_tokens} source, {tgt_tokens} target (without EOS/BOS)")
+    print(f"{'max_tokens':>10} {'batches':>8} {'pairs/b':>8} {'padding':>8} {'init ms':>8} "
+          f"{'plan ms/b':>10} {'collate ms/b':>13} {'total ms/b':>11} {'epoch ms':>9}")
+    for max_tokens in args.max_tokens:
+        t0 = time.perf_counter()
+        sampler = TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, max_tokens, seed=args.seed,
+                                    world_size=args.world_size)
+        init = time.perf_counter() - t0
+        best_plan = best_collate = float("inf")
+        for _ in range(args.epochs):
+            t0 = time.perf_counter()
+            batches = list(sampler)  # a fresh epoch: new tie-breaking sort and batch order
+            t1 = time.perf_counter()
+            for idx in batches:
+                collate(ds, idx)
+            t2 = time.perf_counter()
+            best_plan, best_collate = min(best_plan, t1 - t0), min(best_collate, t2 - t1)
+        n = len(batches)
+        plan_ms, coll_ms = best_plan * 1e3 / n, best_collate * 1e3 / n
+        pairs_per_batch = len(ds) / args.world_size / n
+        print(f"{max_tokens:>10} {n:>8} {pairs_per_batch:>8.1f} {sampler.padding_fraction:>8.3f} "
+              f"{init * 1e3:>8.1f} {plan_ms:>10.4f} {coll_ms:>13.4f} {plan_ms + coll_ms:>11.4f} "
+              f"{(best_plan + best_collate) * 1e3:>9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""`aiayn prepare` and `ParallelDataset`: binarize, load back, reuse, refuse, and fail cleanly."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aiayn.data.corpus import ParallelSource
+from aiayn.data.dataset import ParallelDataset, load_dataset_dir, read_split_text
+from aiayn.data.prepare import PrepareOptions, prepare_dataset
+from aiayn.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+EN = "the a man woman dog walks runs over street house big small red blue green , . !".split()
+DE = "der die das Mann Frau Hund läuft rennt über Straße Haus groß klein rot blau grün schön , . !".split()
+_rng = random.Random(0)
+EN += ["".join(_rng.choice(["ka", "lo", "mi", "ste", "ran", "pu", "th"]) for _ in range(3)) for _ in range(60)]
+DE += ["".join(_rng.choice(["schä", "ü", "ber", "ei", "nö", "ßa", "ch"]) for _ in range(3)) for _ in range(60)]
+
+
+def sentences(words, n, seed, lo=2, hi=14):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
+
+
+def write_lines(path: Path, lines, gz: bool = False) -> Path:
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+@pytest.fixture
+def raw(tmp_path):
+    """Train (with an empty pair, a long pair and a lopsided pair), valid and test corpora."""
+    d = tmp_path / "raw"
+    d.mkdir()
+    src, tgt = sentences(EN, 200, 1), sentences(DE, 200, 2)
+    src[5], tgt[5] = "", "nur Ziel"  # empty source
+    src[9], tgt[9] = " ".join(["big"] * 60), " ".join(["groß"] * 60)  # too long with max_len 40
+    src[17], tgt[17] = "a", " ".join(["Hund"] * 25)  # length ratio >= 12.5
+    write_lines(d / "train.en", src, gz=True)
+    write_lines(d / "train.de", tgt, gz=True)
+    vsrc, vtgt = sentences(EN, 20, 3), sentences(DE, 20, 4)
+    vsrc[3], vtgt[3] = "", ""  # dev keeps empty lines
+    vsrc[4], vtgt[4] = "dog", " ".join(["Hund"] * 25)  # and lopsided ones
+    write_lines(d / "val.en", vsrc)
+    write_lines(d / "val.de", vtgt)
+    tsrc, ttgt = sentences(EN, 10, 5), sentences(DE, 10, 6)
+    write_lines(d / "test.en", tsrc)
+    write_lines(d / "test.de", ttgt)
+    return {"dir": d, "train": (src, tgt), "valid": (vsrc, vtgt), "test": (tsrc, ttgt)}
+
+
+def options(**kw) -> PrepareOptions:
+    base = dict(src_lang="en", tgt_lang="de", vocab_size=500, max_len=40, max_ratio=9.0)
+    base.update(kw)
+    return PrepareOptions(**base)
+
+
+def splits(d: Path) -> dict[str, ParallelSource]:
+    return {"train": ParallelSource(d / "train.en", d / "train.de"),
+            "valid": ParallelSource(d / "val.en", d / "val.de"),
+            "test": ParallelSource(d / "test.en", d / "test.de")}
+
+
+def expected_filter(tok, src, tgt, max_len, max_ratio):
+    """Reference for the training filters: the first reason that applies to each pair, or None."""
+    reasons = []
+    for s, t in zip(src, tgt):
+        if not s.strip() or not t.strip():
+            reasons.append("empty")
+            continue
+        ls, lt = len(tok.encode(s)), len(tok.encode(t))
+        if max(ls, lt) > max_len:
+            reasons.append("too_long")
+        elif max(ls, lt) > max_ratio * min(ls, lt):
+            reasons.append("length_ratio")
+        else:
+            reasons.append(None)
+    return reasons
+
+
+def test_prepare_then_load_round_trips(raw, tmp_path):
+    out = tmp_path / "ds"
+    result = prepare_dataset(out, splits(raw["dir"]), options())
+    assert not result.up_to_date
+    ds = ParallelDataset(out, "train")
+    src, tgt = raw["train"]
+    reasons = expected_filter(ds.src_tokenizer, src, tgt, 40, 9.0)
+    assert (reasons[5], reasons[9], reasons[17]) == ("empty", "too_long", "length_ratio")
+    kept = [i for i, r in enumerate(reasons) if r is None]
+    assert len(kept) > 180
+    m = json.loads((out / "manifest.json").read_text())
+    counts = {k: reasons.count(k) for k in ("empty", "too_long", "length_ratio")}
+    assert m["splits"]["train"]["filtered"] == counts
+    assert m["splits"]["train"]["pairs"] == len(kept) and m["splits"]["train"]["input_pairs"] == 200
+    assert m["shared_vocab"] and m["vocab"]["src"]["size"] == 500
+
+    assert len(ds) == len(kept) and ds.src_tokenizer is ds.tgt_tokenizer
+    assert ds.src_ids.dtype == np.uint16
+    for j, i in enumerate(kept):
+        assert ds.text(j) == (src[i], tgt[i])
+        s, t = ds[j]
+        assert len(s) == ds.src_lengths[j] and len(t) == ds.tgt_lengths[j]
+        assert s.tolist() == ds.src_tokenizer.encode(src[i])
+    assert ds.manifest["splits"]["train"]["src_tokens"] == int(ds.src_lengths.sum())
+
+
+def test_dev_and_test_are_not_filtered(raw, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(out, splits(raw["dir"]), options())
+    for split in ("valid", "test"):
+        ds = ParallelDataset(out, split)
+        src, tgt = raw[split]
+        assert len(ds) == len(src)
+        assert [ds.text(i) for i in range(len(ds))] == list(zip(src, tgt))
+        assert ds.reference_lines() == tgt
+        assert read_split_text(out, split, "src") == src
+    assert ParallelDataset(out, "valid").src_lengths[3] == 0
+    with pytest.raises(UserError, match="keeps no raw text"):
+        read_split_text(out, "train")
+    with pytest.raises(UserError, match="no split 'dev'"):
+        ParallelDataset(out, "dev")
+
+
+def test_rerun_reuses_and_changes_are_refused(raw, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(out, splits(raw["dir"]), options())
+    stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = prepare_dataset(out, splits(raw["dir"]), options())
+    assert again.up_to_date
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
+
+    with pytest.raises(UserError, match="other inputs or options; pass --overwrite"):
+        prepare_dataset(out, splits(raw["dir"]), options(vocab_size=510))
+    src, tgt = raw["test"]
+    write_lines(raw["dir"] / "test.en", src[:-1] + ["a changed line"])
+    with pytest.raises(UserError, match="--overwrite"):
+        prepare_dataset(out, splits(raw["dir"]), options())
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp  # untouched
+
+    prepare_dataset(out, splits(raw["dir"]), options(), overwrite=True)
+    assert read_split_text(out, "test", "src")[-1] == "a changed line"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "raw"]  # no temp dirs left
+
+
+def test_overwrite_refuses_foreign_directory(raw, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not an aiayn dataset"):
+        prepare_dataset(out, splits(raw["dir"]), options(), overwrite=True)
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_errors_write_nothing(raw, tmp_path):
+    d = raw["dir"]
+    out = tmp_path / "new" / "ds"
+    write_lines(d / "short.de", ["eins", "zwei"])
+    cases = [
+        ({"train": ParallelSource(d / "missing.en", d / "train.de")}, r"missing\.en: no such file"),
+        ({"train": ParallelSource(d / "train.en", d / "short.de")}, r"train\.en has 200 lines, .*short\.de has 2"),
+        ({**splits(d), "valid": ParallelSource(d / "val.en", d / "short.de")}, r"val\.en has 20 lines"),
+    ]
+    (d / "bad.de").write_bytes(b"gut\n" * 7 + b"schlecht \xc3\x28\n" + b"gut\n" * 192)
+    cases.append(({"train": ParallelSource(d / "train.en", d / "bad.de")}, r"bad\.de:8: invalid UTF-8"))
+    for sp, pattern in cases:
+        with pytest.raises(UserError, match=pattern):
+            prepare_dataset(out, sp, options())
+        assert not out.exists() and not out.parent.exists()
+    with pytest.raises(UserError, match="too large for this corpus"):
+        prepare_dataset(out, splits(d), options(vocab_size=100_000))
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_separate_vocab_tsv_and_sgml(tmp_path):
+    d = tmp_path / "raw"
+    d.mkdir()
+    src, tgt = sentences(EN, 120, 7), sentences(DE, 120, 8)
+    (d / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(src, tgt)), encoding="utf-8")
+    (d / "test.de.sgm").write_text(
+        '<refset>\n<doc docid="1">\n<seg id="1">Haus &amp; Hund</seg>\n<seg id="2">über &quot;x&quot;</seg>\n'
+        "</doc>\n</refset>\n", encoding="utf-8")
+    write_lines(d / "test.en", ["house and dog", "over x"])
+    sp = {"train": ParallelSource(d / "train.tsv"), "test": ParallelSource(d / "test.en", d / "test.de.sgm")}
+    out = tmp_path / "ds"
+    prepare_dataset(out, sp, options(separate_vocab=True, vocab_size=400, max_len=0, max_ratio=0))
+    info = load_dataset_dir(out)
+    assert not info.shared_vocab and info.src_tokenizer != info.tgt_tokenizer
+    assert {p.name for p in out.glob("*.model")} == {"src.spm.model", "tgt.spm.model"}
+    ds = ParallelDataset(out, "train")
+    assert [ds.text(i) for i in range(len(ds))] == list(zip(src, tgt))
+    test = ParallelDataset(out, "test")
+    assert test.reference_lines() == ["Haus & Hund", 'über "x"']
+    assert test.text(0) == ("house and dog", "Haus & Hund")
+
+
+def test_dataset_pickles_by_path(raw, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(out, splits(raw["dir"]), options())
+    ds = ParallelDataset(out, "valid")
+    back = pickle.loads(pickle.dumps(ds))
+    assert len(pickle.dumps(ds)) < 1000
+    assert [back.text(i) for i in range(len(back))] == [ds.text(i) for i in range(len(ds))]
+
+
+def test_missing_dataset_dir(tmp_path):
+    with pytest.raises(UserError, match="run aiayn prepare"):
+        ParallelDataset(tmp_path / "nothing", "train")
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "aiayn", "prepare", *args], cwd=cwd, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_prepare_and_missing_file(raw, tmp_path):
+    d = raw["dir"]
+    out = tmp_path / "cli_ds"
+    common = ["--src-lang", "en", "--tgt-lang", "de", "--out", str(out),
+              "--vocab-size", "500", "--max-len", "40"]
+    bad = run_cli("--train", str(d / "nothere"), *common, cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("aiayn prepare: error: no file ") and "nothere.en" in bad.stderr
+    assert not out.exists()
+
+    ok = run_cli("--train", str(d / "train"), "--valid", str(d / "val"), "--test", str(d / "test"), *common,
+                 cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    train = ParallelDataset(out, "train").manifest["splits"]["train"]
+    f = train["filtered"]
+    assert f"train: {train['pairs']} pairs" in ok.stdout
+    assert f"(empty 1, too long {f['too_long']}, length ratio {f['length_ratio']})" in ok.stdout
+    assert ParallelDataset(out, "test").reference_lines() == raw["test"][1]
