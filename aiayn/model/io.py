@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.io import write_dir_atomically  # noqa: F401  (re-exported for callers)
+from aiayn.io import write_dir_atomically
 
 CONFIG_FILE, WEIGHTS_FILE, META_FILE = "config.json", "model.safetensors", "meta.json"
 SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"

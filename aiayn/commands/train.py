@@ -1,0 +1,83 @@
+"""`aiayn train`: train a Transformer on a dataset made by `aiayn prepare` (§5).
+
+Examples:
+    aiayn train --data data/m30k --out runs/m30k --preset tiny --max-steps 3000 --eval-every 500
+    aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash
+    torchrun --nproc_per_node=2 -m aiayn train --data data/m30k --out runs/m30k --preset base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = __doc__.split("\n", 2)[2]
+    p.add_argument("--data", required=True, metavar="DATASET_DIR", help="a dataset made by aiayn prepare")
+    p.add_argument("--out", required=True, metavar="RUN_DIR",
+                   help="run directory: checkpoints/, best/, last, metrics.jsonl, tb/")
+    g = p.add_argument_group("model and recipe")
+    g.add_argument("--preset", help="preset name (default: base; on --resume: the checkpoint's config)")
+    g.add_argument("--config", metavar="F.json", help="JSON file of config fields applied over the preset")
+    g.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="config overrides, e.g. --set p_drop=0.3 warmup_steps=8000")
+    g = p.add_argument_group("how long")
+    g.add_argument("--max-steps", type=int, metavar="N", help="updates to train (sets max_steps)")
+    g.add_argument("--max-epochs", type=int, metavar="N", help="passes over the training data")
+    g.add_argument("--time-budget", type=float, metavar="MINUTES", help="stop after this much time")
+    g = p.add_argument_group("batches and numerics")
+    g.add_argument("--accum", type=int, metavar="N",
+                   help="micro-batches per update per process (default: from max_tokens and "
+                        "--batch-tokens; on --resume the run's)")
+    g.add_argument("--batch-tokens", type=int, metavar="T",
+                   help="tokens per side in one micro-batch (memory); default max_tokens / (accum x processes)")
+    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="auto: bf16 on GPU, fp32 on CPU; fp16 (loss scaling) needs a GPU")
+    g.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
+    g.add_argument("--seed", type=int,
+                   help="seed of weights, dropout and batch order (default 1; on --resume the run's)")
+    g = p.add_argument_group("evaluation, checkpoints, logs")
+    g.add_argument("--eval-every", type=int, default=1000, metavar="K",
+                   help="dev loss/perplexity/BLEU every K updates (0: only at the end; default 1000)")
+    g.add_argument("--eval-bleu-sentences", type=int, default=200, metavar="N",
+                   help="greedy-decode the first N dev sentences for BLEU (0: none, -1: all; default 200)")
+    g.add_argument("--dev-split", help="dataset split to evaluate on (default: valid)")
+    g.add_argument("--save-every", type=int, metavar="M", help="checkpoint every M updates")
+    g.add_argument("--save-minutes", type=float, default=10.0, metavar="T",
+                   help="checkpoint every T minutes (default 10, as the paper)")
+    g.add_argument("--keep", type=int, metavar="K", help="newest checkpoints kept (default: n_average)")
+    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
+    g.add_argument("--overwrite", action="store_true", help="delete RUN_DIR's checkpoints and start over")
+    g.add_argument("--log-every", type=int, default=10, metavar="N", help="updates between log records")
+    g.add_argument("--no-tensorboard", action="store_true", help="do not write RUN_DIR/tb")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--peak-tflops", type=float, metavar="X", help="peak TFLOP/s per device, for MFU")
+    g.add_argument("--max-nonfinite", type=int, default=5, metavar="N",
+                   help="stop after N consecutive non-finite updates (default 5)")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+    from aiayn.config import load_config
+    from aiayn.training.trainer import TrainOptions, train
+
+    cfg = None  # on --resume without model options: the checkpoint's config
+    if not (args.resume and args.preset is None and args.config is None and not args.set):
+        cfg = load_config(args.preset, args.config, args.set)
+    options = TrainOptions(
+        max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget, eval_every=args.eval_every,
+        eval_bleu_sentences=args.eval_bleu_sentences, save_every=args.save_every,
+        save_minutes=args.save_minutes, keep=args.keep, seed=args.seed, resume=args.resume,
+        overwrite=args.overwrite, precision=args.precision, accum=args.accum,
+        batch_tokens=args.batch_tokens, device=args.device, threads=args.threads,
+        log_every=args.log_every, peak_tflops=args.peak_tflops, max_nonfinite=args.max_nonfinite,
+        tensorboard=not args.no_tensorboard, progress=not args.no_progress, dev_split=args.dev_split)
+    summary = train(cfg, args.data, args.out, options)
+    if args.json and summary:
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        print()
+    return 0

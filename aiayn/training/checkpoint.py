@@ -1,0 +1,209 @@
+"""Checkpoints of a training run, and resuming from them bit for bit.
+
+Layout of a run directory:
+
+    RUN_DIR/
+      checkpoints/step_000500/   a model directory (config.json, model.safetensors, spm.model,
+                                 meta.json: see aiayn.model.io) plus trainer_state.pt
+      checkpoints/step_001000/   ...the newest `keep`; only the newest keeps its trainer_state.pt
+                                 (older ones are kept for averaging, §6.1, which needs weights only)
+      best/                      model directory of the checkpoint with the lowest dev loss
+      last -> checkpoints/step_001000   symlink to the newest checkpoint (a model directory too)
+      metrics.jsonl, tb/, run.json      logs (see aiayn.training.trainer)
+
+Each checkpoint directory is written to a temporary sibling, fsynced and renamed into place
+(`write_dir_atomically`), then `last` is repointed, then old checkpoints are pruned: a kill at any
+instant leaves the previous checkpoint complete and loadable. Resuming picks the newest complete
+checkpoint that has trainer state, whatever `last` says.
+
+trainer_state.pt (torch.save, loaded with weights_only=True): the completed update count, the
+optimizer and loss-scaler states, and per rank the RNG states (python, numpy, torch, CUDA) and the
+batch sampler's position, plus the metrics so far. Restoring all of them makes a resumed run
+compute exactly what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiayn.config import Config
+from aiayn.errors import UserError
+from aiayn.io import fsync_dir
+
+CHECKPOINTS, BEST, LAST, TRAINER_STATE = "checkpoints", "best", "last", "trainer_state.pt"
+STATE_FORMAT, STATE_VERSION = "aiayn-trainer-state", 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step_{step:06d}"
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first, as (step, directory). Temporary directories
+    of an interrupted write (hidden names) are never listed."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = []
+    if root.is_dir():
+        for d in root.iterdir():
+            m = _STEP_DIR.match(d.name)
+            if m and d.is_dir() and (d / "config.json").is_file() and (d / "model.safetensors").is_file():
+                found.append((int(m.group(1)), d))
+    return sorted(found)
+
+def latest_resumable(run_dir: str | os.PathLike) -> Path | None:
+    """The newest checkpoint that holds trainer state, or None."""
+    for _, d in reversed(list_checkpoints(run_dir)):
+        if (d / TRAINER_STATE).is_file():
+            return d
+    return None
+
+def has_run_outputs(run_dir: str | os.PathLike) -> bool:
+    """Whether `run_dir` holds checkpoints from an earlier run."""
+    r = Path(run_dir)
+    return bool(list_checkpoints(r)) or (r / BEST).exists() or os.path.lexists(r / LAST)
+
+def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
+    """Delete the temporary directories of checkpoint writes a kill interrupted (never listed as
+    checkpoints, but they take space)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.name.startswith(".step_") and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove what a training run writes into `run_dir` (for --overwrite), and nothing else."""
+    r = Path(run_dir)
+    for name in (CHECKPOINTS, BEST, "tb"):
+        shutil.rmtree(r / name, ignore_errors=True)
+    for name in (LAST, "metrics.jsonl", "run.json", "summary.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(r / name)
+
+# --- RNG states -------------------------------------------------------------------------------
+
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """Python, numpy, torch (CPU) and CUDA generator states, as plain types and tensors."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if device is not None and device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+def _tupleize(x: Any) -> Any:
+    """random.getstate() must get tuples back; torch.load gives them back as they were saved, but
+    be lenient with lists (e.g. a state passed through JSON)."""
+    return tuple(_tupleize(i) for i in x) if isinstance(x, (list, tuple)) else x
+
+# --- writing ----------------------------------------------------------------------------------
+
+def all_finite(state: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, torch.Tensor],
+                    cfg: Config, tokenizers: dict[str, Path], meta: dict,
+                    trainer_state: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint `step` atomically, repoint `last`, prune to the newest `keep`, and drop
+    trainer state from all but the newest. Refuses non-finite weights (a diverged run must not
+    replace good checkpoints)."""
+    from aiayn.io import write_dir_atomically
+    from aiayn.model.io import fill_model_dir
+
+    if not all_finite(weights):
+        raise UserError(f"parameters are not finite at step {step}; not writing a checkpoint")
+
+    def fill(tmp: Path) -> None:
+        fill_model_dir(tmp, weights, cfg, tokenizers, meta)
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+
+    path = write_dir_atomically(step_dir(run_dir, step), fill)
+    point_last(run_dir, path)
+    prune(run_dir, keep)
+    return path
+
+def save_best(run_dir: str | os.PathLike, weights: dict[str, torch.Tensor], cfg: Config,
+              tokenizers: dict[str, Path], meta: dict) -> Path:
+    """RUN_DIR/best: a plain model directory (no trainer state)."""
+    from aiayn.io import write_dir_atomically
+    from aiayn.model.io import fill_model_dir
+
+    if not all_finite(weights):
+        raise UserError("parameters are not finite; not writing the best model")
+    return write_dir_atomically(Path(run_dir) / BEST,
+                                lambda tmp: fill_model_dir(tmp, weights, cfg, tokenizers, meta))
+
+def point_last(run_dir: str | os.PathLike, target: Path) -> None:
+    """Atomically (re)point the RUN_DIR/last symlink at `target` (relative, so runs can move).
+    Where symlinks are not supported, `last` is a text file holding that relative path."""
+    from aiayn.io import atomic_write
+
+    run = Path(run_dir)
+    link, tmp = run / LAST, run / f".{LAST}.tmp"
+    rel = os.path.relpath(target, run)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        os.symlink(rel, tmp)
+    except OSError:
+        with atomic_write(link) as f:
+            f.write(rel + "\n")
+        return
+    os.replace(tmp, link)
+    fsync_dir(run)
+
+
+def prune(run_dir: str | os.PathLike, keep: int) -> None:
+    ckpts = list_checkpoints(run_dir)
+    for _, d in ckpts[: max(0, len(ckpts) - keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+    for _, d in ckpts[max(0, len(ckpts) - keep): -1]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(d / TRAINER_STATE)
+
+# --- reading ----------------------------------------------------------------------------------
+
+def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+    path = Path(ckpt) / TRAINER_STATE
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{ckpt} has no {TRAINER_STATE}; it cannot be resumed") from None
+    except Exception as e:  # a damaged or foreign file
+        raise UserError(f"{path}: cannot read trainer state ({e})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise UserError(f"{path}: not an aiayn trainer state")
+    if state.get("version") != STATE_VERSION:
+        raise UserError(f"{path}: trainer state version {state.get('version')}, expected {STATE_VERSION}")
+    return state
+
+def new_trainer_state(**fields: Any) -> dict[str, Any]:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, **fields}
+
+def rng_from_state(rank_state: dict[str, Any]) -> dict[str, Any]:
+    rng = dict(rank_state["rng"])
+    rng["python"] = _tupleize(rng["python"])
+    return rng
+

@@ -1,0 +1,118 @@
+"""Data parallelism under torchrun: process-group set-up from its environment variables and the few
+collectives the trainer needs. With one process every helper is a no-op, so the single-process
+path has no torch.distributed dependency at all.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; we use NCCL on CUDA and
+gloo on CPU. Only rank 0 writes anything (checkpoints, logs, TensorBoard).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # this process group was started by `setup` (and ends in teardown)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup(device: str | None = None) -> DistEnv:
+    """Start the process group if torchrun launched us (WORLD_SIZE > 1); pick this rank's device.
+    `device` None means CUDA when available, else CPU."""
+    world = env_world_size()
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        from aiayn.errors import UserError
+
+        raise UserError("--device cuda: no CUDA device is available to this torch")
+    if kind == "cuda":
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device(kind)
+    owns = False
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank,
+                                world_size=world, device_id=dev if dev.type == "cuda" else None)
+        owns = True
+    return DistEnv(rank, world, local, dev, owns)
+
+
+def wrap_ddp(model: torch.nn.Module, env: DistEnv) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP around `model` (identical weights on every rank after this: rank 0's are broadcast).
+    No buffer needs syncing before each forward: the model's only buffer is the sinusoid table, a
+    cache each rank grows on demand."""
+    import inspect
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+    params = inspect.signature(ddp.__init__).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return ddp(model, device_ids=[env.device.index] if env.device.type == "cuda" else None, **no_sync)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(t: torch.Tensor, env: DistEnv, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce of a small tensor ("sum", "min" or "max"); identity with one process."""
+    if env.distributed:
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+        dist.all_reduce(t, op=ops[op])
+    return t
+
+
+def gather_to_main(obj: Any, env: DistEnv) -> list[Any] | None:
+    """Every rank's `obj` as a list on rank 0 (None elsewhere); [obj] with one process."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] | None = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def scatter_from_main(objs: list[Any] | None, env: DistEnv) -> Any:
+    """Rank 0 holds one object per rank; each rank receives its own. objs[0] with one process."""
+    if not env.distributed:
+        return objs[0] if objs else None
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, objs if env.is_main else None, src=0)
+    return out[0]
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not env.distributed:
+        return obj
+    box = [obj if env.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()

@@ -1,0 +1,54 @@
+"""Numeric precision of training: fp32, bf16 autocast (CPU and GPU), or fp16 autocast with dynamic
+loss scaling (GPU only). Parameters, optimizer state and the loss stay float32 in every mode; only
+the matrix products inside the model run in the lower precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from aiayn.errors import UserError
+
+CHOICES = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve(precision: str, device: torch.device) -> str:
+    """"auto" is bf16 on a GPU that supports it (else fp16), fp32 on CPU (bf16 autocast is fast
+    only on CPUs with native bf16 instructions; ask for it with --precision bf16)."""
+    if precision not in CHOICES:
+        raise UserError(f"unknown precision {precision!r}; choose from {', '.join(CHOICES)}")
+    if precision == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("--precision fp16 needs a CUDA device (loss scaling); use bf16 or fp32 on CPU")
+    return precision
+
+
+@dataclass
+class Precision:
+    """Autocast context and (fp16 only) a GradScaler, for `device`."""
+
+    name: str
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        self.name = resolve(self.name, self.device)
+        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
+        self.scaler = torch.amp.GradScaler("cuda") if self.name == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)

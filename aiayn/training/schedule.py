@@ -1,0 +1,46 @@
+"""The optimizer and its learning-rate schedule (§5.3).
+
+Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9, and (Eq. 3)
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)
+
+a linear rise over the first warmup_steps updates, then decay with the inverse square root of the
+step; the two branches meet at step = warmup_steps, the peak d_model^-0.5 * warmup_steps^-0.5.
+`step` counts optimizer updates from 1. `Config.lr_scale` multiplies the whole curve (1.0 is the
+paper). The trainer sets each update's rate itself (`set_lr`) from its own step counter, which is
+saved in the trainer state, so there is no scheduler object whose state could drift.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiayn.config import Config
+
+
+def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Eq. 3 at update `step` (>= 1), times `scale`."""
+    if step < 1:
+        raise ValueError(f"the schedule counts updates from 1, got step {step}")
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def lr_at(cfg: Config, step: int) -> float:
+    """Eq. 3 with the config's d_model, warmup_steps and lr_scale."""
+    return learning_rate(step, cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
+
+
+def peak_learning_rate(cfg: Config) -> float:
+    """The schedule's maximum, reached at step = warmup_steps."""
+    return lr_at(cfg, cfg.warmup_steps)
+
+
+def build_optimizer(params, cfg: Config) -> torch.optim.Adam:
+    """Adam(beta1, beta2, eps) of §5.3 over `params`; the rate is set per update by `set_lr`."""
+    return torch.optim.Adam(params, lr=lr_at(cfg, 1), betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_eps)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

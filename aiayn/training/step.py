@@ -1,0 +1,131 @@
+"""One optimizer update (§5): gradient accumulation over micro-batches, data-parallel all-reduce,
+normalisation by target tokens, optional clipping, and skipping of non-finite updates.
+
+Normalisation: the objective of an update is the label-smoothed loss summed over every target
+token of the whole batch (all micro-batches on all ranks) divided by that batch's number of target
+tokens. Each micro-batch's summed loss is therefore scaled by world_size / total_tokens before its
+backward pass: DDP averages gradients over ranks (a division by world_size), so the accumulated
+gradient is exactly d(sum of losses) / total_tokens, whatever the split into micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from aiayn.config import Config
+from aiayn.special import PAD_ID
+from aiayn.training.distributed import DistEnv, all_reduce
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.precision import Precision
+from aiayn.training.schedule import lr_at, set_lr
+
+
+@dataclass
+class UpdateResult:
+    """What happened in one update; loss figures are per target token over all ranks."""
+
+    loss: float  # label-smoothed loss per target token
+    nll: float  # plain NLL per target token (log of the training perplexity)
+    tgt_tokens: int  # target tokens in the update, all ranks
+    src_tokens: int
+    grad_norm: float  # before clipping
+    lr: float
+    applied: bool  # False: the update was skipped
+    reason: str = ""  # why it was skipped: "non-finite loss", "non-finite gradients", "fp16 overflow"
+
+
+def batch_tokens(batch: Any) -> tuple[int, int]:
+    """(source, target) non-padding tokens of a collated batch."""
+    n_tgt = getattr(batch, "n_tgt_tokens", None)
+    n_src = getattr(batch, "n_src_tokens", None)
+    if n_tgt is None:
+        n_tgt = (batch.tgt_out != PAD_ID).sum()
+    if n_src is None:
+        n_src = (batch.src != PAD_ID).sum()
+    return int(n_src), int(n_tgt)
+
+
+def grad_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm of the gradients (a 0-dim tensor)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+
+def clip_to_norm(params: Sequence[nn.Parameter], max_norm: float, total: torch.Tensor) -> None:
+    """Scale gradients so their global norm is at most `max_norm` (no-op when already below)."""
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
+class Updater:
+    """Runs updates of `model` (a Transformer, or DDP around one) with `optimizer`."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config,
+                 precision: Precision, env: DistEnv):
+        self.model, self.optimizer, self.cfg = model, optimizer, cfg
+        self.precision, self.env = precision, env
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+
+    def update(self, micro_batches: Sequence[Any], step: int) -> UpdateResult:
+        """Forward/backward every micro-batch of this rank, then one optimizer step at schedule
+        step `step` (>= 1) unless the loss or the gradients are not finite. Every rank must call
+        this with the same number of micro-batches (>= 1)."""
+        env, prec = self.env, self.precision
+        counts = [batch_tokens(b) for b in micro_batches]
+        totals = torch.tensor([sum(c[0] for c in counts), sum(c[1] for c in counts)],
+                              dtype=torch.float64, device=env.device)
+        all_reduce(totals, env)
+        n_src, n_tgt = int(totals[0].item()), int(totals[1].item())
+        scale = env.world_size / max(n_tgt, 1)
+
+        self.model.train()
+        sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # smoothed, nll on this rank
+        for i, b in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if (last or not self.is_ddp) else self.model.no_sync()
+            with sync:
+                with prec.autocast():
+                    logits = self.model(b.src, b.tgt_in)  # (B, T, V)
+                out = label_smoothed_loss(logits, b.tgt_out, self.cfg.eps_ls)
+                loss = out.smoothed * scale
+                if prec.scaler is not None:
+                    loss = prec.scaler.scale(loss)
+                loss.backward()
+            sums += torch.stack([out.smoothed.detach(), out.nll.detach()]).double()
+        all_reduce(sums, env)
+        loss_tok, nll_tok = (sums / max(n_tgt, 1)).tolist()
+
+        if prec.scaler is not None:
+            prec.scaler.unscale_(self.optimizer)
+        norm = grad_norm(self.params)
+        norm_f = float(norm)
+        lr = lr_at(self.cfg, step)
+        reason = ""
+        if not math.isfinite(loss_tok):
+            reason = "non-finite loss"
+        elif not math.isfinite(norm_f):
+            reason = "fp16 overflow" if prec.scaler is not None else "non-finite gradients"
+        if reason:
+            if prec.scaler is not None:
+                prec.scaler.update()  # records the overflow: the loss scale shrinks
+            self.optimizer.zero_grad(set_to_none=True)
+            return UpdateResult(loss_tok, nll_tok, n_tgt, n_src, norm_f, lr, False, reason)
+
+        if self.cfg.clip_norm > 0:
+            clip_to_norm(self.params, self.cfg.clip_norm, norm)
+        set_lr(self.optimizer, lr)  # Eq. 3
+        if prec.scaler is not None:
+            prec.scaler.step(self.optimizer)
+            prec.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return UpdateResult(loss_tok, nll_tok, n_tgt, n_src, norm_f, lr, True)

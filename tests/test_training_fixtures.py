@@ -1,0 +1,60 @@
+"""Shared fixtures of the training tests (imported by the other test_training_* modules): a tiny
+synthetic translation task prepared through `aiayn.data.dataset.prepare_dataset`, and the
+micro-micro model settings that train on it in a fraction of a second."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from aiayn.data.corpus import ParallelSource
+from aiayn.data.dataset import ParallelDataset, PrepareOptions, prepare_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+LETTERS = "abcdefghij"
+TABLE = str.maketrans(LETTERS, "klmnopqrst")
+
+# A 1+1-layer model of width 32: its updates take milliseconds on one thread.
+SMALL = ["d_model=32", "d_ff=64", "n_layers=1", "n_heads=4", "warmup_steps=30", "max_tokens=300"]
+
+
+def pair(rng: random.Random) -> tuple[str, str]:
+    """Source: 2-6 words of letters a-j; target: the words in reverse order, letters shifted to
+    k-t. Learnable by a tiny model, so the dev loss must fall within a few dozen updates."""
+    words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(1, 3)))
+             for _ in range(rng.randint(2, 6))]
+    return " ".join(words), " ".join(reversed(words)).translate(TABLE)
+
+
+def tiny_dataset(root: Path, n_train: int = 400, n_valid: int = 40, seed: int = 0) -> Path:
+    """A prepared dataset directory (character vocabulary of 25 ids) at root/data."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for name, n in (("train", n_train), ("valid", n_valid)):
+        pairs = [pair(rng) for _ in range(n)]
+        (root / f"{name}.xx").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+        (root / f"{name}.yy").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+        splits[name] = ParallelSource(root / f"{name}.xx", root / f"{name}.yy")
+    out = root / "data"
+    prepare_dataset(out, splits, PrepareOptions("xx", "yy", vocab_size=25, model_type="char"))
+    return out
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m aiayn ARGS` in a fresh process, from the repository root."""
+    e = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "aiayn", *args], cwd=REPO, env=e, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def test_tiny_dataset_is_what_the_tests_assume(tmp_path):
+    data = tiny_dataset(tmp_path)
+    ds = ParallelDataset(data, "train")
+    assert len(ds) == 400 and ds.src_tokenizer.vocab_size == 25
+    src, tgt = ds.text(0)
+    assert tgt == " ".join(reversed(src.split())).translate(TABLE)
+    assert ParallelDataset(data, "valid").reference_lines()[0]
