@@ -224,3 +224,20 @@ def test_bf16_autocast_on_cpu():
             cache = model.new_cache(model.encode(src, mask), mask)
             step = model.decode_step(tgt[:, :1], cache)
     assert (step.float() - ref[:, 0]).abs().max() < 0.1 * ref[:, 0].abs().max()
+
+
+def test_cache_reorder_shrinks_batch_and_keeps_cross_state_when_asked():
+    model = make(MICRO)
+    src, tgt = rand_batch(MICRO, b=2, t=5)
+    mask = src != 0
+    cache = model.new_cache(model.encode(src, mask), mask)
+    beams = torch.tensor([0, 0, 1, 1])
+    cache.reorder(beams)  # expand to 2 "beams" per sentence
+    model.decode_step(tgt[beams, :1], cache)
+    swap = torch.tensor([1, 0, 3, 2])  # beams trade places within their sentence
+    cache.reorder(swap, cross_index=None)
+    model.decode_step(tgt[beams[swap], 1:2], cache)
+    cache.reorder(torch.tensor([2]))  # only sentence 1 survives, a smaller batch
+    nxt = model.decode_step(tgt[1:2, 2:3], cache)
+    torch.testing.assert_close(nxt, model(src[1:2], tgt[1:2, :3])[:, -1], rtol=0, atol=1e-5)
+    assert cache.batch_size == 1

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one vocabulary per language instead of the paper's shared one (untied embeddings)")
     p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram", "char", "word"],
                    help="sentencepiece model (default bpe, as the paper)")
+    p.add_argument("--tgt-model-type", default=None, choices=["bpe", "unigram", "char", "word"],
+                   help="with --separate-vocab: the target side's own model type (e.g. char in, "
+                        "word out for grapheme-to-phoneme)")
     p.add_argument("--max-len", type=int, default=250,
                    help="drop training pairs with a side longer than this many subword tokens (0: no "
                         "limit; default 250)")
@@ -50,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
 
     options = PrepareOptions(
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
-        separate_vocab=args.separate_vocab, model_type=args.model_type, max_len=args.max_len,
+        separate_vocab=args.separate_vocab, model_type=args.model_type,
+        tgt_model_type=args.tgt_model_type, max_len=args.max_len,
         max_ratio=args.max_ratio,
     )
     options.check()

@@ -109,6 +109,7 @@ class PrepareOptions:
     vocab_size: int = 8000
     separate_vocab: bool = False
     model_type: str = "bpe"
+    tgt_model_type: str | None = None  # separate vocabularies only; None: model_type
     max_len: int = 250  # subword tokens per side, training only; 0 = no limit
     max_ratio: float = 9.0  # longer/shorter side in subword tokens, training only; 0 = no limit
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
@@ -124,6 +125,9 @@ class PrepareOptions:
         for lang in (self.src_lang, self.tgt_lang):
             if not re.fullmatch(r"[A-Za-z0-9_-]+", lang):
                 raise UserError(f"language code {lang!r} should be letters, digits, '_' or '-'")
+        if self.tgt_model_type is not None and not self.separate_vocab:
+            raise UserError("a target model type of its own needs separate vocabularies "
+                            "(--separate-vocab)")
         if self.src_lang == self.tgt_lang:
             raise UserError(f"source and target language are both {self.src_lang!r}")
 
@@ -241,7 +245,7 @@ def _learn_vocab(
         f"from {len(src)} training pairs")
     src_tok, tgt_tok = train_tokenizers(
         src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
-        byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
+        tgt_model_type=options.tgt_model_type, byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
     )
     toks = {"src": src_tok, "tgt": tgt_tok}
     vocab = {}
@@ -343,8 +347,9 @@ def format_summary(result: PrepareResult) -> str:
         vocab = (f"shared {m['options']['model_type']} vocabulary of {v['src']['size']} pieces "
                  f"({v['src']['file']})")
     else:
-        vocab = (f"separate {m['options']['model_type']} vocabularies: {m['src_lang']} {v['src']['size']}, "
-                 f"{m['tgt_lang']} {v['tgt']['size']} pieces")
+        o = m["options"]
+        vocab = (f"separate vocabularies: {m['src_lang']} {o['model_type']} {v['src']['size']}, "
+                 f"{m['tgt_lang']} {o.get('tgt_model_type') or o['model_type']} {v['tgt']['size']} pieces")
     lines = [head, f"  {m['src_lang']}->{m['tgt_lang']}, {vocab}"]
     for name, s in m["splits"].items():
         line = f"  {name}: {s['pairs']} pairs, {s['src_tokens']} src / {s['tgt_tokens']} tgt tokens"

@@ -201,13 +201,19 @@ def train_tokenizers(
     model_type: str = "bpe",
     separate: bool = False,
     tgt_vocab_size: int | None = None,
+    tgt_model_type: str | None = None,
     **kwargs,
 ) -> tuple[Tokenizer, Tokenizer]:
     """(source, target) tokenizers: one shared model learned on both sides (§3.4; the same object
-    twice), or with `separate` one per side (`tgt_vocab_size` defaults to `vocab_size`)."""
+    twice), or with `separate` one per side (`tgt_vocab_size` and `tgt_model_type` default to the
+    source's; e.g. characters in, phoneme symbols out for grapheme-to-phoneme)."""
     if not separate:
         tok = Tokenizer.train(itertools.chain(src_texts, tgt_texts), vocab_size, model_type, **kwargs)
         return tok, tok
     src = Tokenizer.train(src_texts, vocab_size, model_type, **kwargs)
-    tgt = Tokenizer.train(tgt_texts, tgt_vocab_size or vocab_size, model_type, **kwargs)
+    tgt_type = tgt_model_type or model_type
+    tgt_kwargs = dict(kwargs)
+    if tgt_type != model_type:
+        tgt_kwargs["byte_fallback"] = None  # that model type's own default
+    tgt = Tokenizer.train(tgt_texts, tgt_vocab_size or vocab_size, tgt_type, **tgt_kwargs)
     return src, tgt

@@ -65,14 +65,34 @@ class KVCache:
 
         self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows in place: row i of the result is row index[i] (beam search reorders
-        hypotheses after each step, and expands each sentence to k beams at the start)."""
-        self.self_k = self.self_k.index_select(1, index)
-        self.self_v = self.self_v.index_select(1, index)
-        self.cross_k = self.cross_k.index_select(1, index)
-        self.cross_v = self.cross_v.index_select(1, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, cross_index: Tensor | None | bool = True) -> None:
+        """Select batch rows: row i of the result is row index[i] (beam search reorders
+        hypotheses after each step, and expands each sentence to k beams at the start).
+
+        Only the filled positions [0, length) of the self-attention buffers are copied.
+        `cross_index` selects the cross-attention rows: True (default) means `index`; None means
+        leave them as they are, which is right when every row keeps its source sentence (the
+        beams of one sentence share their cross keys/values); a tensor gives their own index."""
+        t = self.length
+
+        def select(buf: Tensor) -> Tensor:
+            picked = buf[:, :, :, :t].index_select(1, index)  # (L, B', h, t, d)
+            if index.numel() == buf.size(1):
+                buf[:, :, :, :t] = picked
+                return buf
+            shape = list(buf.shape)
+            shape[1] = index.numel()
+            out = buf.new_empty(shape)  # positions >= t are written before they are read
+            out[:, :, :, :t] = picked
+            return out
+
+        self.self_k, self.self_v = select(self.self_k), select(self.self_v)
+        if cross_index is None:
+            return
+        ci = index if cross_index is True else cross_index
+        self.cross_k = self.cross_k.index_select(1, ci)
+        self.cross_v = self.cross_v.index_select(1, ci)
+        self.src_mask = self.src_mask.index_select(0, ci)
 
     @classmethod
     def allocate(cls, n_layers: int, batch: int, n_heads: int, d_k: int, d_v: int,

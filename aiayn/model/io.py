@@ -120,5 +120,8 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
         raise UserError(f"{p} has no tokenizer ({SHARED_SPM}, or {SRC_SPM} and {TGT_SPM})")
     meta = {}
     if (p / META_FILE).exists():
-        meta = json.loads((p / META_FILE).read_text(encoding="utf-8"))
+        try:
+            meta = json.loads((p / META_FILE).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{p / META_FILE}: not valid JSON ({e})") from None
     return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, meta, p)

@@ -48,27 +48,16 @@ def dev_loss(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: fl
 
 
 def greedy_translations(model: torch.nn.Module, sources: list[np.ndarray], tokenizer: Any,
-                        device: torch.device, autocast, batch_size: int = 64) -> list[str]:
-    """Detokenized greedy translations of `sources` (subword id arrays), in input order;
-    sentences are batched by length so little work is spent on padding."""
-    from aiayn.decoding.common import source_batch
-    from aiayn.decoding.greedy import greedy_search
+                        device: torch.device, autocast) -> list[str]:
+    """Detokenized greedy translations of `sources` (subword id arrays), in input order, through
+    the same search and source-length limit as `aiayn translate` (over-long sources truncated)."""
+    from aiayn.decoding.translate import Translator
 
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out: list[str] = [""] * len(sources)
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            src, mask = source_batch([sources[i].tolist() for i in chunk], device)
-            with autocast():
-                hyps = greedy_search(model, src, mask)
-            for i, h in zip(chunk, hyps):
-                out[i] = tokenizer.decode(h.tokens)
-    finally:
-        model.train(was_training)
-    return out
+    tr = Translator.for_model(model, tokenizer, tokenizer, greedy=True, warn=lambda _: None)
+    ids = [s.tolist()[: tr.max_src_tokens - 1] for s in sources]
+    with autocast():
+        found = tr.search(ids)
+    return [tr.detokenize(h[0].tokens) if h else "" for h in found]
 
 
 def dev_bleu(model: torch.nn.Module, dataset: Any, n_sentences: int, device: torch.device,

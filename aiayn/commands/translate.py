@@ -1,0 +1,163 @@
+"""`aiayn translate`: translate text with a model directory (beam search, §6.1).
+
+    aiayn translate --model runs/base/model --input test.en --output test.hyp.de
+    aiayn translate --model runs/base/model < test.en > test.hyp.de
+    aiayn translate --model runs/base/model            # at a terminal: interactive
+
+Reads UTF-8 lines (a file, which may be gzipped, or stdin) and writes exactly one line of
+detokenized text per input line, in input order (a blank input line, empty or whitespace only,
+gives an empty output line). `--output` is written atomically and never replaces an existing file without
+`--overwrite`. With `--nbest N` each input line gives up to N lines, best first:
+
+    index<TAB>score<TAB>text
+
+where index is the 0-based input line number and score the search score (log-probability divided
+by the GNMT length penalty; higher is better); a blank input line gives one line with score 0.
+
+Search defaults come from the model's config (the paper's: beam 4, alpha 0.6, maximum output
+length = source length + 50, both lengths counting EOS). Inputs longer than the model can take
+(`--max-src-tokens`, and `max_positions` for learned positions) are truncated, with a warning on
+stderr naming the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aiayn.errors import UserError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory (from train/average)")
+    p.add_argument("--input", "-i", metavar="FILE", help="UTF-8 text, one sentence a line (default: stdin)")
+    p.add_argument("--output", "-o", metavar="FILE", help="where to write (default: stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    s = p.add_argument_group("search (defaults: the model config's, the paper's)")
+    s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
+    s.add_argument("--alpha", type=float, help="length penalty exponent (config default 0.6)")
+    s.add_argument("--max-len-a", type=float, metavar="A",
+                   help="maximum output length = A * source length + B (config default A=1)")
+    s.add_argument("--max-len-b", type=int, metavar="B", help="(config default B=50)")
+    s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
+    s.add_argument("--nbest", type=int, metavar="N",
+                   help="write the N best hypotheses per line as index<TAB>score<TAB>text")
+    b = p.add_argument_group("batching and hardware")
+    g = b.add_mutually_exclusive_group()
+    g.add_argument("--batch-tokens", type=int, default=4000, metavar="T",
+                   help="sentences x longest source per batch (default 4000)")
+    g.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch instead")
+    b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
+                   help="truncate longer sources, with a warning (default 1024, EOS included)")
+    b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    b.add_argument("--bf16", action="store_true", help="run the model under bfloat16 autocast")
+    o = p.add_argument_group("interaction")
+    o.add_argument("--interactive", action="store_true",
+                   help="prompt and translate each line as it is typed (the default when stdin "
+                        "is a terminal and there is no --input)")
+    o.add_argument("--progress", action="store_true",
+                   help="show a progress bar on stderr (default: when stderr is a terminal)")
+
+
+def _device(name: str):
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device {name!r}; use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def _read_input(path: str | None) -> list[str]:
+    from aiayn.data.corpus import decode_utf8, read_lines, split_lines
+
+    if path is None or path == "-":
+        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
+    return read_lines(path)
+
+
+def _options(args: argparse.Namespace) -> dict:
+    if args.max_src_tokens < 2:
+        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
+    return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
+                max_len_a=args.max_len_a, max_len_b=args.max_len_b, nbest=args.nbest or 1,
+                # --batch-size replaces the token budget rather than adding to it
+                batch_tokens=sys.maxsize if args.batch_size else args.batch_tokens,
+                batch_size=args.batch_size)
+
+
+def _interactive(translator, nbest: int | None) -> int:
+    print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
+    n = 0
+    while True:
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+        raw = sys.stdin.buffer.readline()
+        if not raw:
+            sys.stderr.write("\n")
+            return 0
+        n += 1
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            print(f"error: line {n}: invalid UTF-8, skipped", file=sys.stderr)
+            continue
+        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n)
+        sys.stdout.flush()
+
+
+def _write_results(out, translator, lines: list[str], nbest: int | None, progress: bool,
+                   first_line: int = 1) -> None:
+    from aiayn.decoding.translate import format_nbest
+
+    if nbest:
+        for i, entries in enumerate(translator.translate_nbest(lines, nbest, progress, first_line)):
+            for row in format_nbest(first_line - 1 + i, entries):
+                out.write(row + "\n")
+    else:
+        for text in translator.translate(lines, progress, first_line):
+            out.write(text + "\n")
+
+
+def main(args: argparse.Namespace) -> int:
+    from aiayn.io import atomic_write, check_writable
+
+    options = _options(args)
+    interactive = args.interactive or (args.input is None and sys.stdin.isatty())
+    if interactive and args.input is not None:
+        raise UserError("--interactive reads the terminal; drop --input")
+    if interactive and args.output is not None:
+        raise UserError("--interactive writes to the terminal; drop --output")
+    from aiayn.decoding.translate import SearchOptions, Translator
+    from aiayn.model.io import load_model, read_config
+
+    # Every check that needs no model weights comes before the slow work.
+    try:
+        SearchOptions(**options).validate(read_config(args.model))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.output is not None:
+        check_writable(args.output, args.overwrite)
+    device = _device(args.device)
+    lines = None if interactive else _read_input(args.input)
+
+    loaded = load_model(args.model, device)
+    try:
+        translator = Translator(loaded, bf16=args.bf16, max_src_tokens=args.max_src_tokens,
+                                warn=lambda m: print(f"aiayn translate: warning: {m}", file=sys.stderr),
+                                **options)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if interactive:
+        return _interactive(translator, args.nbest)
+    progress = args.progress or sys.stderr.isatty()
+    if args.output is None:
+        _write_results(sys.stdout, translator, lines, args.nbest, progress)
+        sys.stdout.flush()
+    else:
+        with atomic_write(args.output, "w") as f:
+            _write_results(f, translator, lines, args.nbest, progress)
+    return 0

@@ -1,0 +1,250 @@
+"""Beam search with the GNMT length penalty and exact early stopping (§6.1: beam size 4,
+alpha = 0.6, maximum output length input length + 50, "terminate early when possible").
+
+The search, per sentence, vectorised over sentences and beams (no Python loop over sentences):
+
+1. Each step extends the k live hypotheses by every token; candidates are ranked by their raw
+   score, the sum of log-probabilities. Of the best 2k candidates, an EOS candidate ranked among
+   the first k (one that would have taken a place in a beam of width k) becomes a finished
+   hypothesis; the k best non-EOS candidates are the new live beams (2k candidates always hold k
+   of them: at most k end in EOS, one per beam).
+2. A finished hypothesis Y is ranked by score(Y) = log P(Y | X) / lp(|Y|), lp from
+   `aiayn.decoding.common.length_penalty`, |Y| counting EOS. Each sentence keeps the k best
+   finished hypotheses (the "pool"); `nbest` <= k of them are returned, best first.
+3. Early stopping. A live hypothesis with raw score s after t steps can only end at some length
+   t' in (t, L], with raw score s' <= s (log-probabilities are <= 0), so its final score is
+   s' / lp(t') <= s / lp(t') <= s / lp(L): s <= 0 and lp is non-decreasing in length when
+   alpha >= 0, so dividing by the largest penalty gives the largest (least negative) value. The
+   bound grows with s, so checking the best live beam suffices: a sentence stops as soon as it
+   has `nbest` finished hypotheses and best_live_s / lp(L) <= the nbest-th finished score. No live
+   hypothesis can then enter the n-best list: stopping early never changes the result (tested).
+   With alpha = 0 the bound is the raw score itself, the usual "best live < worst kept" rule.
+4. At the maximum length L (see `common`), the live beams are kept as cut-off hypotheses
+   (`complete=False`), ranked below every complete one, so a sentence always gets an answer.
+
+Finished sentences leave the batch: their cache rows are dropped in the same `cache.reorder`
+that reorders the beams, so they cost nothing afterwards. Log-softmax runs in float32 even
+under bf16 autocast, and raw scores are accumulated in float32; PAD and BOS are never generated
+(`common.next_token_logprobs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.decoding.common import (
+    Hypothesis,
+    decoder_length_cap,
+    decoding_defaults,
+    length_penalty,
+    max_output_lengths,
+    next_token_logprobs,
+    resolve_mask,
+)
+from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class _Pool:
+    """Finished hypotheses per sentence, best first: (n, P[, W]) tensors. An empty slot has score
+    -inf and complete False. Tokens are PAD-padded to W, the largest maximum length."""
+
+    tok: Tensor  # (n, P, W) int64 pieces, no EOS
+    tlp: Tensor  # (n, P, W) float32 per-token log-probs (EOS's included when complete)
+    length: Tensor  # (n, P) int64 number of pieces
+    raw: Tensor  # (n, P) float32 log P(Y | X)
+    score: Tensor  # (n, P) float32 raw / lp(|Y|)
+    complete: Tensor  # (n, P) bool
+
+    @classmethod
+    def empty(cls, n: int, p: int, w: int, device: torch.device) -> "_Pool":
+        return cls(
+            tok=torch.full((n, p, w), PAD_ID, dtype=torch.long, device=device),
+            tlp=torch.zeros(n, p, w, dtype=torch.float32, device=device),
+            length=torch.zeros(n, p, dtype=torch.long, device=device),
+            raw=torch.full((n, p), NEG_INF, device=device),
+            score=torch.full((n, p), NEG_INF, device=device),
+            complete=torch.zeros(n, p, dtype=torch.bool, device=device),
+        )
+
+    def rows(self, index: Tensor) -> "_Pool":
+        return _Pool(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def put_rows(self, index: Tensor, other: "_Pool") -> None:
+        for f in fields(self):
+            getattr(self, f.name)[index] = getattr(other, f.name)
+
+    @staticmethod
+    def cat(pools: list["_Pool"]) -> "_Pool":
+        return _Pool(*(torch.cat([getattr(p, f.name) for p in pools], dim=1) for f in fields(_Pool)))
+
+    def merge(self, cand: "_Pool") -> "_Pool":
+        """Keep the P best of the pool and the candidates (n, C): complete before cut-off, then
+        by score, descending."""
+        p = self.score.size(1)
+        both = _Pool.cat([self, cand])
+        # Lexicographic order with two stable sorts: by score, then by completeness.
+        order = both.score.argsort(dim=1, descending=True, stable=True)  # (n, P + C)
+        flag = both.complete.gather(1, order).to(torch.int8)
+        order = order.gather(1, flag.argsort(dim=1, descending=True, stable=True))[:, :p]
+        w = both.tok.size(2)
+        out = {}
+        for f in fields(both):
+            x = getattr(both, f.name)
+            idx = order if x.dim() == 2 else order[:, :, None].expand(-1, -1, w)
+            out[f.name] = x.gather(1, idx)
+        return _Pool(**out)
+
+
+def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
+    return F.pad(x, (0, width - x.size(-1)), value=value)
+
+
+def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
+    """x: (n, k, t), beam: (n, c) -> (n, c, t), row j of sentence i is x[i, beam[i, j]]."""
+    return x.gather(1, beam[:, :, None].expand(-1, -1, x.size(2)))
+
+
+@torch.inference_mode()
+def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
+                beam_size: int | None = None, alpha: float | None = None,
+                max_len_a: float | None = None, max_len_b: float | None = None,
+                nbest: int = 1, early_stop: bool = True) -> list[list[Hypothesis]]:
+    """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
+    (B, S) bool, True at real tokens (default `src != PAD`).
+
+    Returns per sentence, in batch order, up to `nbest` hypotheses best first (normally exactly
+    `nbest`; fewer only when the model gives probability 0 to almost everything). Settings left
+    None come from the model's config (the paper's: k = 4, alpha = 0.6, L = S + 50).
+    `early_stop=False` runs every sentence to its maximum length (for testing: same result).
+    The model should be in eval mode.
+    """
+    cfg = decoding_defaults(model)
+    k = cfg.beam_size if beam_size is None else int(beam_size)
+    alpha = cfg.alpha if alpha is None else float(alpha)
+    a = cfg.max_len_a if max_len_a is None else max_len_a
+    b = cfg.max_len_b if max_len_b is None else max_len_b
+    if k < 1:
+        raise ValueError(f"beam size must be >= 1, got {k}")
+    if not 1 <= nbest <= k:
+        raise ValueError(f"nbest must be between 1 and the beam size {k}, got {nbest}")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha}")
+    src_mask = resolve_mask(src, src_mask)
+    n_sent, device = src.size(0), src.device
+    if n_sent == 0:
+        return []
+    max_lens = max_output_lengths(src_mask, a, b, decoder_length_cap(model))  # (B,)
+    width = int(max_lens.max())
+    bound_lp = length_penalty(max_lens.to(torch.float32), alpha)  # (B,) lp(L), the bound's divisor
+
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache(memory, src_mask)
+    cache.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))  # (B*k) rows
+    final = _Pool.empty(n_sent, k, width, device)
+
+    sent = torch.arange(n_sent, device=device)  # (n,) live sentences' indices into the batch
+    pool = _Pool.empty(n_sent, k, width, device)
+    # The k beams start identical; only beam 0 may extend at step 1, or the beam would fill with
+    # k copies of the same hypothesis.
+    raw = torch.full((n_sent, k), NEG_INF, device=device)
+    raw[:, 0] = 0.0
+    hist_tok = torch.zeros(n_sent, k, 0, dtype=torch.long, device=device)  # (n, k, t)
+    hist_lp = torch.zeros(n_sent, k, 0, dtype=torch.float32, device=device)
+    last = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
+    t = 0
+    while sent.numel():
+        n = sent.numel()
+        logits = model.decode_step(last, cache)  # (n*k, V)
+        vocab = logits.size(-1)
+        logp = next_token_logprobs(logits).view(n, k * vocab)  # float32
+        cand_raw = (raw[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
+        n_cand = min(2 * k, k * vocab)
+        top_raw, top_idx = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        top_lp = logp.gather(1, top_idx)  # (n, 2k) the new token's own log-prob
+        t += 1  # |Y| of every candidate made at this step
+        is_eos = top_tok == EOS_ID
+        rank = torch.arange(n_cand, device=device)
+
+        # The k best non-EOS candidates become the live beams.
+        live = (rank + n_cand * is_eos.long()).topk(k, dim=1, largest=False).indices  # (n, k)
+        beam = top_beam.gather(1, live)
+        live_raw = top_raw.gather(1, live)
+        live_tok = top_tok.gather(1, live)
+        parent_tok, parent_lp = hist_tok, hist_lp  # (n, k, t-1), before this step
+        hist_tok = torch.cat([_gather_beams(hist_tok, beam), live_tok[:, :, None]], dim=2)
+        hist_lp = torch.cat([_gather_beams(hist_lp, beam), top_lp.gather(1, live)[:, :, None]], 2)
+
+        # EOS candidates ranked among the first k finish; at the maximum length the live beams
+        # are kept too, cut off.
+        ended = is_eos[:, :k] & torch.isfinite(top_raw[:, :k])  # (n, k)
+        at_max = t >= max_lens[sent]  # (n,)
+        if bool(ended.any() | at_max.any()):  # the step's one host sync besides `done`
+            parent = top_beam[:, :k]
+            cut = at_max[:, None] & torch.isfinite(live_raw)  # (n, k)
+            lp_t = length_penalty(t, alpha)
+            pool = pool.merge(_Pool.cat([
+                _Pool(tok=_pad_to(_gather_beams(parent_tok, parent), width, PAD_ID),
+                      tlp=_pad_to(torch.cat([_gather_beams(parent_lp, parent),
+                                             top_lp[:, :k, None]], 2), width, 0.0),
+                      length=torch.full_like(parent, t - 1),
+                      raw=top_raw[:, :k].masked_fill(~ended, NEG_INF),
+                      score=(top_raw[:, :k] / lp_t).masked_fill(~ended, NEG_INF),
+                      complete=ended),
+                _Pool(tok=_pad_to(hist_tok, width, PAD_ID),
+                      tlp=_pad_to(hist_lp, width, 0.0),
+                      length=torch.full_like(beam, t),
+                      raw=live_raw.masked_fill(~cut, NEG_INF),
+                      score=(live_raw / lp_t).masked_fill(~cut, NEG_INF),
+                      complete=torch.zeros_like(cut)),
+            ]))
+
+        done = at_max | ~torch.isfinite(live_raw[:, 0])
+        if early_stop:
+            enough = pool.complete.sum(dim=1) >= nbest
+            best_possible = live_raw[:, 0] / bound_lp[sent]
+            done |= enough & (best_possible <= pool.score[:, nbest - 1])
+        if bool(done.any()):
+            final.put_rows(sent[done], pool.rows(done))
+            keep = (~done).nonzero().squeeze(1)  # (m,)
+            sent, pool = sent[keep], pool.rows(keep)
+            beam, live_raw, live_tok = beam[keep], live_raw[keep], live_tok[keep]
+            hist_tok, hist_lp = hist_tok[keep], hist_lp[keep]
+        else:
+            keep = torch.arange(n, device=device)
+        if not sent.numel():
+            break
+        # One gather both drops finished sentences and puts each beam's parent state in place.
+        # The k beams of a sentence share its cross-attention keys/values, so those move only
+        # when sentences leave the batch.
+        cross = keep.repeat_interleave(k) * k if keep.numel() != n else None  # (m*k,)
+        cache.reorder((keep[:, None] * k + beam).view(-1), cross_index=cross)  # (m*k,)
+        raw = live_raw
+        last = live_tok.reshape(-1, 1)
+    return _to_hypotheses(final, nbest)
+
+
+def _to_hypotheses(final: _Pool, nbest: int) -> list[list[Hypothesis]]:
+    """The first `nbest` non-empty pool entries of each sentence as `Hypothesis` lists."""
+    out = []
+    tok, tlp = final.tok[:, :nbest].tolist(), final.tlp[:, :nbest].tolist()
+    length, raw = final.length[:, :nbest].tolist(), final.raw[:, :nbest].tolist()
+    score, complete = final.score[:, :nbest].tolist(), final.complete[:, :nbest].tolist()
+    for i in range(len(tok)):
+        hyps = []
+        for j in range(len(tok[i])):
+            if score[i][j] == NEG_INF:
+                continue
+            steps = length[i][j] + int(complete[i][j])
+            hyps.append(Hypothesis(tok[i][j][: length[i][j]], score[i][j], raw[i][j],
+                                   bool(complete[i][j]), tlp[i][j][:steps]))
+        out.append(hyps)
+    return out

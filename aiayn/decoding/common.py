@@ -1,0 +1,106 @@
+"""What greedy and beam search share: the result type, the length penalty, the maximum output
+length, and turning lists of subword ids into a padded source batch.
+
+Conventions (§6.1, "beam search ... length penalty alpha = 0.6 ... maximum output length to input
+length + 50"):
+
+- |Y|, the output length used by the length penalty and by the maximum length, counts every token
+  the decoder generated *including EOS*: it is the number of log-probability terms in the score.
+  (Tensor2Tensor, whose settings the paper reports, divides by the decode length with EOS as its
+  last position; fairseq also counts EOS.)
+- The source length S counts the real source tokens *including the source's EOS* (every True in
+  `src_mask`), as fairseq does. With both lengths counting EOS, `max_len_a=1, max_len_b=50` means
+  "at most 50 more pieces than the source" for a hypothesis that ends.
+- The maximum output length is L = floor(a * S + b), at least 1: at most L decoding steps, so
+  |Y| <= L. A hypothesis still open after L steps is returned cut off (L pieces, no EOS,
+  `complete=False`); it ranks below every complete hypothesis of its sentence.
+  Models with learned positions also cap L at `max_positions` (the decoder cannot go further).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from aiayn.config import Config
+from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+
+# Never an output: PAD is not a token, BOS only ever starts the decoder input.
+NEVER_OUTPUT = (PAD_ID, BOS_ID)
+
+
+@dataclass
+class Hypothesis:
+    """One output of a search.
+
+    tokens: subword ids, without BOS and EOS.
+    score: the ranking score, `logprob / lp(|Y|)` (beam search); for greedy search `logprob`.
+    logprob: sum of the log-probabilities of every generated token, EOS included when complete.
+    complete: True when the hypothesis ended with EOS, False when cut off at the maximum length.
+    token_logprobs: per generated token (len(tokens) + 1 entries when complete: the last is EOS's).
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+    complete: bool = True
+    token_logprobs: list[float] = field(default_factory=list, repr=False)
+
+
+def next_token_logprobs(logits: Tensor) -> Tensor:
+    """log p(y_t | y_<t, x) from decoder logits (N, V): log-softmax in float32 (even under bf16
+    autocast, where the logits may be bf16), then PAD and BOS set to -inf so that no search
+    generates them (the model's other probabilities are left as they are, not renormalised)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    logp[:, list(NEVER_OUTPUT)] = float("-inf")
+    return logp
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, Eq. 14); |Y| counts
+    EOS. alpha = 0 gives 1 (plain log-probability); larger alpha favours longer outputs."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def decoding_defaults(model: Any) -> Config:
+    """The decoding settings of the model's config (the paper's when the model has none)."""
+    cfg = getattr(model, "cfg", None)
+    return cfg if isinstance(cfg, Config) else Config()
+
+
+def max_output_lengths(src_mask: Tensor, a: float, b: float, cap: int | None = None) -> Tensor:
+    """L = floor(a * S + b) per sentence, S = real source tokens (EOS included), clamped to
+    [1, cap]. src_mask: (B, S) bool -> (B,) int64 on the same device."""
+    s = src_mask.sum(dim=1).to(torch.float64)  # (B,)
+    lengths = torch.floor(a * s + b + 1e-9).to(torch.long).clamp(min=1)
+    if cap is not None:
+        lengths = lengths.clamp(max=max(1, cap))
+    return lengths
+
+
+def decoder_length_cap(model: Any) -> int | None:
+    """The most target positions the decoder can take: `max_positions` for learned positions."""
+    cfg = getattr(model, "cfg", None)
+    if isinstance(cfg, Config) and cfg.positions == "learned":
+        return cfg.max_positions
+    return None
+
+
+def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = "cpu"
+                 ) -> tuple[Tensor, Tensor]:
+    """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD.
+    Returns src (B, S) int64 and src_mask (B, S) bool, True at real tokens."""
+    longest = max((len(s) for s in sources), default=0) + 1
+    src = torch.full((len(sources), longest), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        src[i, len(s)] = EOS_ID
+    src = src.to(device)
+    return src, src != PAD_ID
+
+
+def resolve_mask(src: Tensor, src_mask: Tensor | None) -> Tensor:
+    return src != PAD_ID if src_mask is None else src_mask.to(torch.bool)

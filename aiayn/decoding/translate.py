@@ -1,0 +1,230 @@
+"""Translation: text in, text out (§6.1 decoding settings), for the CLI, evaluation and training.
+
+- `search_batched` runs greedy or beam search over any number of token-id sources: batches of
+  similar length (sorted internally, longest first), results back in input order.
+- `Translator` adds the tokenizers: lines of text -> encoded (pieces + EOS) -> search ->
+  sentencepiece-decoded text, exactly one output per input line.
+
+Input rules, per line (`Translator.prepare`):
+- a blank line (empty or whitespace only), or one that encodes to no pieces, translates to an
+  empty line without running the model;
+- a line with more source tokens (pieces + EOS) than the model can take is truncated to its first
+  `limit - 1` pieces plus EOS, with a warning naming the line. The limit is `max_src_tokens`
+  (default 1024) and, for learned positions, also `max_positions`.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from aiayn.decoding.beam import beam_search
+from aiayn.decoding.common import Hypothesis, decoding_defaults, source_batch
+from aiayn.decoding.greedy import greedy_search
+
+DEFAULT_MAX_SRC_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search. None means "the model config's value" (the paper's: k=4, alpha=0.6,
+    L = S + 50). `greedy` ignores beam_size, alpha and nbest > 1 is refused."""
+
+    greedy: bool = False
+    beam_size: int | None = None
+    alpha: float | None = None
+    max_len_a: float | None = None
+    max_len_b: float | None = None
+    nbest: int = 1
+    batch_tokens: int = 4000  # sentences x longest source (EOS included) per batch
+    batch_size: int | None = None  # at most this many sentences per batch, when given
+
+    def validate(self, cfg: Any = None) -> "SearchOptions":
+        """Raise ValueError for impossible settings (the CLI turns them into UserErrors)."""
+        k = self.beam_size if self.beam_size is not None else getattr(cfg, "beam_size", 4)
+        if k < 1:
+            raise ValueError(f"beam size must be >= 1, got {k}")
+        if self.nbest < 1:
+            raise ValueError(f"nbest must be >= 1, got {self.nbest}")
+        if self.greedy and self.nbest > 1:
+            raise ValueError("greedy search gives one hypothesis; drop --nbest or use beam search")
+        if not self.greedy and self.nbest > k:
+            raise ValueError(f"nbest ({self.nbest}) cannot exceed the beam size ({k})")
+        if self.alpha is not None and self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        for name in ("max_len_a", "max_len_b"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if self.batch_tokens < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError("batch tokens and batch size must be >= 1")
+        return self
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None
+                   ) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first. A batch's cost is
+    (sentences) x (its longest length); each batch keeps it <= batch_tokens (a single sentence
+    longer than that forms a batch of its own) and holds at most batch_size sentences."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        full = batch_size is not None and len(cur) >= batch_size
+        if cur and (full or (len(cur) + 1) * longest > batch_tokens):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def model_device(model: Any) -> torch.device:
+    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return p.device if p is not None else torch.device("cpu")
+
+
+def search_batched(model: Any, sources: Sequence[Sequence[int]], options: SearchOptions = SearchOptions(),
+                   bf16: bool = False, progress: bool = False) -> list[list[Hypothesis]]:
+    """Search every source (subword ids, no specials; must be non-empty) and return, in input
+    order, its hypotheses best first (one for greedy, up to `options.nbest` for beam search).
+
+    The model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
+    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast.
+    Sources must fit the model (`Translator.prepare` truncates). Progress (tqdm, stderr) counts
+    sentences."""
+    from tqdm import tqdm
+
+    cfg = decoding_defaults(model)
+    options.validate(cfg)
+    device = model_device(model)
+    lengths = [len(s) + 1 for s in sources]  # + EOS
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16
+                else nullcontext())
+    was_training = bool(getattr(model, "training", False))
+    if was_training:
+        model.eval()
+    try:
+        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent",
+                  dynamic_ncols=True, leave=False) as bar, autocast:
+            for batch in length_batches(lengths, options.batch_tokens, options.batch_size):
+                src, src_mask = source_batch([sources[i] for i in batch], device)
+                if options.greedy:
+                    found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,
+                                                        options.max_len_b)]
+                else:
+                    found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
+                                        options.max_len_a, options.max_len_b, options.nbest)
+                for i, hyps in zip(batch, found):
+                    results[i] = hyps
+                bar.update(len(batch))
+    finally:
+        if was_training:
+            model.train()
+    return results
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+class Translator:
+    """Text translation with a loaded model directory (`aiayn.model.io.load_model`).
+
+        tr = Translator(load_model("runs/base/model"))
+        tr.translate(["A sentence.", ""])          # -> ["Ein Satz.", ""]
+        tr.translate_nbest(["A sentence."], 4)    # -> [[(score, text), ...]]
+
+    `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
+    sent to `warn` (default: stderr). Other keyword arguments are `SearchOptions` fields.
+    """
+
+    def __init__(self, loaded: Any, *, bf16: bool = False,
+                 max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
+                 warn: Callable[[str], None] | None = None, **options: Any):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.src_tokenizer = loaded.src_tokenizer
+        self.tgt_tokenizer = loaded.tgt_tokenizer
+        self.cfg = decoding_defaults(self.model)
+        self.options = SearchOptions(**options).validate(self.cfg)
+        self.bf16 = bf16
+        self.warn = warn or _warn_stderr
+        limit = max_src_tokens
+        if self.cfg.positions == "learned":
+            limit = min(limit, self.cfg.max_positions)
+        if limit < 2:
+            raise ValueError(f"the source limit must allow one piece and EOS, got {limit}")
+        self.max_src_tokens = limit
+
+    @classmethod
+    def for_model(cls, model: Any, src_tokenizer: Any, tgt_tokenizer: Any | None = None,
+                  **kwargs: Any) -> "Translator":
+        """A translator for an in-memory model (e.g. dev BLEU during training)."""
+        from aiayn.model.io import LoadedModel
+
+        tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
+        return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt), **kwargs)
+
+    # --- text <-> ids ------------------------------------------------------------------------
+    def prepare(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
+        """Source pieces per line (no EOS), truncated to the limit with a warning; line numbers
+        in warnings start at `first_line`."""
+        # Blank lines (empty or whitespace only) stay blank: nothing to translate.
+        texts = [line if line.strip() else "" for line in lines]
+        if hasattr(self.src_tokenizer, "encode_batch"):
+            encoded = self.src_tokenizer.encode_batch(texts)
+        else:
+            encoded = [self.src_tokenizer.encode(text) if text else [] for text in texts]
+        keep = self.max_src_tokens - 1  # room for EOS
+        out = []
+        for n, ids in enumerate(encoded, start=first_line):
+            if len(ids) > keep:
+                self.warn(f"line {n}: {len(ids) + 1} source tokens (with EOS) exceed the limit of "
+                          f"{self.max_src_tokens}; translating only its first {keep} pieces")
+                ids = ids[:keep]
+            out.append(list(ids))
+        return out
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        # A decoded piece could hold a newline; one output line per input line is the contract.
+        return self.tgt_tokenizer.decode(tokens).replace("\n", " ")
+
+    # --- translation -------------------------------------------------------------------------
+    def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False
+               ) -> list[list[Hypothesis]]:
+        """Token ids in, hypotheses out (input order); an empty source gives one empty
+        hypothesis with score 0 without running the model."""
+        options = replace(self.options, nbest=nbest).validate(self.cfg)
+        todo = [i for i, s in enumerate(sources) if len(s)]
+        found = search_batched(self.model, [sources[i] for i in todo], options, self.bf16, progress)
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        for i, hyps in zip(todo, found):
+            out[i] = hyps
+        return out
+
+    def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1
+                  ) -> list[str]:
+        """One translation per line, in order (the best hypothesis; empty if none was found)."""
+        found = self.search(self.prepare(lines, first_line), 1, progress)
+        return [self.detokenize(h[0].tokens) if h else "" for h in found]
+
+    def translate_nbest(self, lines: Sequence[str], nbest: int, progress: bool = False,
+                        first_line: int = 1) -> list[list[tuple[float, str]]]:
+        """Per line, up to `nbest` (score, text) pairs, best first."""
+        found = self.search(self.prepare(lines, first_line), nbest, progress)
+        return [[(h.score, self.detokenize(h.tokens)) for h in hyps] for hyps in found]
+
+
+def format_nbest(index: int, entries: Sequence[tuple[float, str]]) -> Iterator[str]:
+    """n-best lines `index<TAB>score<TAB>text` (no newline): index is the 0-based input line,
+    score the search score (log-probability / length penalty; higher is better)."""
+    for score, text in entries:
+        yield f"{index}\t{score:.6f}\t{text}"

@@ -1,0 +1,272 @@
+"""Greedy and beam search on a hand-built model whose next-token probabilities are a table, so
+every expected hypothesis and score below is computed by hand."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from aiayn.config import get_preset
+from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
+from aiayn.decoding.common import next_token_logprobs, source_batch
+from aiayn.model import Transformer
+from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+
+V = 10  # ids 4..9 are ordinary tokens
+A, B, C, D = 4, 5, 6, 7
+
+
+def lp(n: int, alpha: float) -> float:
+    """GNMT length penalty, written out independently of the module."""
+    return ((5 + n) / 6) ** alpha
+
+
+class TableCache:
+    """The fake's decoding state: each row's table key and generated prefix."""
+
+    def __init__(self, keys: list[int]):
+        self.keys = keys
+        self.prefixes: list[tuple[int, ...]] = [() for _ in keys]
+        self.length = 0
+
+    def reorder(self, index: torch.Tensor, cross_index=True) -> None:
+        # `keys` plays the cross-attention state (per source), `prefixes` the self-attention one
+        self.prefixes = [self.prefixes[i] for i in index.tolist()]
+        if cross_index is not None:
+            ci = index if cross_index is True else cross_index
+            self.keys = [self.keys[i] for i in ci.tolist()]
+
+
+class TableModel:
+    """The model API (encode / new_cache / decode_step / cache.reorder) with next-token
+    probabilities p(token | prefix) read from `tables[first source token]`: a dict from the
+    generated prefix (no BOS) to {token: probability}, or a function of the prefix. A prefix not
+    in a dict ends: {EOS: 1}. Counts decode_step calls in `steps`."""
+
+    def __init__(self, tables: dict):
+        self.tables = tables
+        self.steps = 0
+
+    def encode(self, src, src_mask=None):
+        return src  # the "memory" is the source itself: its first token selects the table
+
+    def new_cache(self, memory, src_mask):
+        return TableCache([int(row[0]) for row in memory])
+
+    def decode_step(self, tokens, cache):
+        self.steps += 1
+        out = torch.full((tokens.size(0), V), float("-inf"))
+        for i, tok in enumerate(tokens[:, 0].tolist()):
+            if cache.length == 0:
+                assert tok == BOS_ID
+            else:
+                cache.prefixes[i] = cache.prefixes[i] + (tok,)
+            table = self.tables[cache.keys[i]]
+            dist = table(cache.prefixes[i]) if callable(table) else table.get(cache.prefixes[i], {EOS_ID: 1.0})
+            for t, p in dist.items():
+                out[i, t] = math.log(p)
+        cache.length += 1
+        return out
+
+
+# Key 10: the length penalty decides. [A] EOS has p = .6 * .5 = .3 (|Y| = 2); [B, B, B] EOS has
+# p = .4 * 1 * 1 * .625 = .25 (|Y| = 4); [A, C] EOS has p = .6 * .3 * .6 = .108 (|Y| = 3).
+ALPHA_TABLE = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS_ID: 0.5, C: 0.3, D: 0.2},
+    (B,): {B: 1.0},
+    (A, C): {EOS_ID: 0.6, D: 0.4},
+    (B, B): {B: 1.0},
+    (B, B, B): {EOS_ID: 0.625, C: 0.375},
+    (A, C, D): {D: 1.0},
+}
+# Key 11: after [C], EOS (p .7) or a chain of twenty A's that must then end (p .3 for all of it).
+CHAIN = {(): {C: 1.0}, (C,): {EOS_ID: 0.7, A: 0.3}}
+CHAIN.update({(C,) + (A,) * j: {A: 1.0} for j in range(1, 20)})
+# Key 12: the same with EOS p .9 and the chain p .1.
+CHAIN_LOW = {**CHAIN, (C,): {EOS_ID: 0.9, A: 0.1}}
+# Key 13: never ends.
+ENDLESS = lambda prefix: {A: 0.7, B: 0.3}  # noqa: E731
+TABLES = {10: ALPHA_TABLE, 11: CHAIN, 12: CHAIN_LOW, 13: ENDLESS}
+
+
+def src_of(*keys: int, length: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    return source_batch([[k] * length for k in keys])
+
+
+def run_beam(keys, **kw):
+    model = TableModel(TABLES)
+    src, mask = src_of(*keys)
+    kw.setdefault("max_len_a", 0.0)
+    return beam_search(model, src, mask, **kw), model.steps
+
+
+def summary(hyps):
+    return [(h.tokens, round(h.score, 5), round(h.logprob, 5), h.complete) for h in hyps]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def test_length_penalty_and_max_lengths():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(12, 0.0) == 1.0
+    mask = torch.tensor([[True, True, True, False], [True] * 4, [True, False, False, False]])
+    assert max_output_lengths(mask, 1.0, 50).tolist() == [53, 54, 51]  # S counts EOS
+    assert max_output_lengths(mask, 1.5, 0).tolist() == [4, 6, 1]
+    assert max_output_lengths(mask, 0.0, 0).tolist() == [1, 1, 1]  # at least one step
+    assert max_output_lengths(mask, 1.0, 50, cap=52).tolist() == [52, 52, 51]
+
+
+def test_source_batch_appends_eos_and_pads():
+    src, mask = source_batch([[5, 6], [7], [8, 9, 4]])
+    assert src.tolist() == [[5, 6, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID], [8, 9, 4, EOS_ID]]
+    assert mask.tolist() == (src != PAD_ID).tolist()
+
+
+def test_log_probs_are_float32_and_never_pad_or_bos():
+    logits = torch.randn(3, V, dtype=torch.bfloat16)
+    logp = next_token_logprobs(logits)
+    assert logp.dtype == torch.float32
+    assert torch.isinf(logp[:, [PAD_ID, BOS_ID]]).all()
+    ref = torch.log_softmax(logits.float(), -1)
+    keep = [i for i in range(V) if i not in (PAD_ID, BOS_ID)]
+    torch.testing.assert_close(logp[:, keep], ref[:, keep])
+
+
+# --- hand-computed searches ------------------------------------------------------------------
+
+def test_alpha_changes_the_winner_and_nbest_is_ordered():
+    # alpha = 0: plain log-probability, the short [A] (.3) beats [B, B, B] (.25).
+    (hyps,), _ = run_beam([10], beam_size=2, alpha=0.0, max_len_b=6, nbest=2)
+    assert summary(hyps) == summary_expected([([A], 0.3, 2), ([B, B, B], 0.25, 4)], alpha=0.0)
+    # alpha = 1: lp(2) = 7/6, lp(4) = 9/6; log(.25)/1.5 = -0.924 > log(.3)/(7/6) = -1.032.
+    (hyps,), _ = run_beam([10], beam_size=2, alpha=1.0, max_len_b=6, nbest=2)
+    assert summary(hyps) == summary_expected([([B, B, B], 0.25, 4), ([A], 0.3, 2)], alpha=1.0)
+    assert hyps[0].token_logprobs == pytest.approx([math.log(0.4), 0.0, 0.0, math.log(0.625)])
+    assert hyps[0].score > hyps[1].score
+    # nbest=1 gives the head of the list.
+    (one,), _ = run_beam([10], beam_size=2, alpha=1.0, max_len_b=6, nbest=1)
+    assert summary(one) == summary(hyps[:1])
+
+
+def summary_expected(rows, alpha):
+    return [(toks, round(math.log(p) / lp(n, alpha), 5), round(math.log(p), 5), True)
+            for toks, p, n in rows]
+
+
+def test_early_stop_must_not_stop_on_a_longer_winner():
+    # alpha = 1, L = 30. After step 2, [C] EOS scores log(.7)/lp(2) = -0.306. The live [C, A]
+    # has raw log(.3): a bound using its current length, log(.3)/lp(2) = -1.03, would stop here;
+    # the correct bound log(.3)/lp(30) = -0.206 does not, and the chain ends at |Y| = 22 with
+    # log(.3)/lp(22) = -0.2675, the winner.
+    (hyps,), steps = run_beam([11], beam_size=2, alpha=1.0, max_len_b=30, nbest=2)
+    expected = summary_expected([([C] + [A] * 20, 0.3, 22), ([C], 0.7, 2)], alpha=1.0)
+    assert summary(hyps) == expected
+    assert steps == 22
+    (full,), _ = run_beam([11], beam_size=2, alpha=1.0, max_len_b=30, nbest=2, early_stop=False)
+    assert summary(full) == expected
+
+
+def test_early_stop_must_stop():
+    # alpha = 0: the live [C, A] (log .3) can never beat the finished [C] (log .7): stop at step 2.
+    (hyps,), steps = run_beam([11], beam_size=2, alpha=0.0, max_len_b=30)
+    assert summary(hyps) == summary_expected([([C], 0.7, 2)], alpha=0.0)
+    assert steps == 2
+    (full,), full_steps = run_beam([11], beam_size=2, alpha=0.0, max_len_b=30, early_stop=False)
+    assert summary(full) == summary(hyps) and full_steps == 22
+    # alpha = 1 too: log(.1)/lp(30) = -0.395 < log(.9)/lp(2) = -0.090.
+    (hyps,), steps = run_beam([12], beam_size=2, alpha=1.0, max_len_b=30)
+    assert summary(hyps) == summary_expected([([C], 0.9, 2)], alpha=1.0)
+    assert steps == 2
+    # With nbest=2 the second place is still open after step 2, so the search goes on.
+    (hyps,), steps = run_beam([12], beam_size=2, alpha=1.0, max_len_b=30, nbest=2)
+    assert summary(hyps) == summary_expected([([C], 0.9, 2), ([C] + [A] * 20, 0.1, 22)], 1.0)
+    assert steps == 22
+
+
+def test_sentences_finishing_at_different_times_in_one_batch():
+    alone = [run_beam([k], beam_size=2, alpha=1.0, max_len_b=30, nbest=1)[0][0] for k in (10, 11, 12)]
+    together, steps = run_beam([12, 10, 11], beam_size=2, alpha=1.0, max_len_b=30, nbest=1)
+    assert [summary(h) for h in together] == [summary(alone[2]), summary(alone[0]), summary(alone[1])]
+    assert steps == 22  # the batch runs as long as its longest sentence, no longer
+
+
+def test_max_length_is_honoured():
+    model = TableModel(TABLES)
+    src, mask = source_batch([[13, 4], [13, 4, 4, 4]])  # S = 3 and 5 with EOS
+    greedy = greedy_search(model, src, mask, max_len_a=1.5, max_len_b=2)
+    lengths = [6, 9]  # floor(1.5 * 3 + 2), floor(1.5 * 5 + 2)
+    assert [h.tokens for h in greedy] == [[A] * n for n in lengths]
+    assert [h.complete for h in greedy] == [False, False]
+    assert [h.logprob for h in greedy] == pytest.approx([n * math.log(0.7) for n in lengths])
+    assert model.steps == 9
+    model.steps = 0
+    beams = beam_search(model, src, mask, beam_size=3, alpha=0.6, max_len_a=1.5, max_len_b=2, nbest=3)
+    for hyps, n in zip(beams, lengths):
+        assert hyps[0].tokens == [A] * n and not hyps[0].complete
+        assert hyps[0].score == pytest.approx(n * math.log(0.7) / lp(n, 0.6))
+        for h in hyps[1:]:  # next best (tied): one B anywhere
+            assert sorted(h.tokens) == [A] * (n - 1) + [B]
+            assert h.score == pytest.approx(((n - 1) * math.log(0.7) + math.log(0.3)) / lp(n, 0.6))
+        assert [len(h.tokens) for h in hyps] == [n] * 3
+        assert hyps[0].score >= hyps[1].score >= hyps[2].score
+    assert model.steps == 9
+    # The config defaults (a = 1, b = 50) for a model without a config: L = S + 50.
+    model.steps = 0
+    (h,) = greedy_search(model, *source_batch([[13, 4, 4]]))
+    assert len(h.tokens) == 4 + 50 and model.steps == 54
+
+
+def test_cut_off_hypotheses_rank_below_complete_ones():
+    # [] EOS (p .1) is complete; [A, A, A] (p .9, cut off at L = 3) scores higher but never ended.
+    tables = {14: lambda prefix: {EOS_ID: 0.1, A: 0.9} if prefix == () else {A: 1.0}}
+    src, mask = source_batch([[14]])
+    (hyps,) = beam_search(TableModel(tables), src, mask, beam_size=2, alpha=0.0, max_len_a=0,
+                          max_len_b=3, nbest=2)
+    assert [(h.tokens, h.complete) for h in hyps] == [([], True), ([A, A, A], False)]
+    assert hyps[0].score == pytest.approx(math.log(0.1))
+    assert hyps[1].score == pytest.approx(math.log(0.9))
+
+
+def test_greedy_on_the_table():
+    model = TableModel(TABLES)
+    hyps = greedy_search(model, *src_of(10, 11, 12), max_len_a=0, max_len_b=30)
+    # key 10: A (.6), then EOS (.5); key 11: C, EOS (.7); key 12: C, EOS (.9).
+    assert [(h.tokens, h.complete) for h in hyps] == [([A], True), ([C], True), ([C], True)]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.3), math.log(0.7), math.log(0.9)])
+    assert hyps[0].token_logprobs == pytest.approx([math.log(0.6), math.log(0.5)])
+    assert model.steps == 2
+
+
+def test_invalid_arguments():
+    src, mask = src_of(10)
+    with pytest.raises(ValueError):
+        beam_search(TableModel(TABLES), src, mask, beam_size=2, nbest=3)
+    with pytest.raises(ValueError):
+        beam_search(TableModel(TABLES), src, mask, beam_size=2, alpha=-1.0)
+    assert beam_search(TableModel(TABLES), src[:0], mask[:0]) == []
+    assert greedy_search(TableModel(TABLES), src[:0], mask[:0]) == []
+
+
+class NoEos(Transformer):
+    """A real model that can never end a sentence."""
+
+    def decode_step(self, tokens, cache):
+        out = super().decode_step(tokens, cache).clone()
+        out[:, EOS_ID] = float("-inf")
+        return out
+
+
+def test_learned_positions_cap_the_output_length():
+    cfg = replace(get_preset("micro"), vocab_size=16, positions="learned", max_positions=8,
+                  n_layers=1, d_model=16, d_ff=32, n_heads=2)
+    torch.manual_seed(0)
+    model = NoEos(cfg).eval()
+    src, mask = source_batch([[4, 5, 6]])
+    for hyps in (greedy_search(model, src, mask), beam_search(model, src, mask)[0]):
+        # S + 50 = 54, but the decoder has 8 positions: no crash, cut off at 8.
+        assert len(hyps[0].tokens) == 8 and not hyps[0].complete

@@ -1,0 +1,184 @@
+"""`Translator` and `aiayn translate`: one output line per input line, in order, empty lines kept
+empty, over-long lines truncated with a warning, atomic output, clean user errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.config import get_preset
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decoding.translate import Translator, length_batches, search_batched, SearchOptions
+from aiayn.model import Transformer
+from aiayn.model.io import load_model, save_model
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog runs in the park",
+    "ein hund läuft im park",
+    "die katze sitzt auf der matte",
+    "the children play in the garden",
+    "die kinder spielen im garten",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # micro models: a second thread only waits on a shared machine
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("decoding")
+    tok = Tokenizer.train(TEXTS * 3, 48, path=d / "spm.model", byte_fallback=False)
+    cfg = replace(get_preset("micro"), vocab_size=tok.vocab_size, n_layers=1, d_model=32,
+                  d_ff=64, n_heads=4, max_len_b=8)
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    return save_model(d / "model", model, cfg, {"spm.model": d / "spm.model"})
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_model(model_dir)
+
+
+LINES = [
+    "the cat sat on the mat",
+    "",
+    "a dog runs",
+    " ".join(["the children play in the garden"] * 40),  # far beyond --max-src-tokens 64
+    "",
+    "die katze",
+    "   ",
+    "ein hund läuft im park",
+]
+
+
+def test_length_batches_cover_everything_longest_first():
+    lengths = [3, 10, 1, 7, 7, 2, 30]
+    batches = length_batches(lengths, batch_tokens=20)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [6]  # too long for the budget: a batch of its own
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 20
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat, reverse=True)
+    assert all(len(b) <= 2 for b in length_batches(lengths, 1000, batch_size=2))
+
+
+def test_translator_keeps_order_and_empty_lines(loaded):
+    warnings = []
+    tr = Translator(loaded, max_src_tokens=64, warn=warnings.append, batch_tokens=60)
+    out = tr.translate(LINES)
+    assert len(out) == len(LINES)
+    assert out[1] == out[4] == out[6] == ""  # blank in, blank out ...
+    nbest = tr.translate_nbest(LINES, 2)
+    assert nbest[1] == nbest[4] == nbest[6] == [(0.0, "")]  # ... without running the model
+    # Each line translated alone gives the same text: batching and sorting change nothing.
+    alone = [Translator(loaded, max_src_tokens=64, warn=lambda m: None).translate([line])[0]
+             for line in LINES]
+    assert out == alone
+    # The long line is truncated to 63 pieces + EOS, with one warning naming line 4.
+    assert len(warnings) == 2 and all(w.startswith("line 4:") for w in warnings)  # two calls
+    pieces = loaded.src_tokenizer.encode(LINES[3])[:63]
+    (hyp,), = tr.search([pieces])
+    assert out[3] == loaded.tgt_tokenizer.decode(hyp.tokens)
+
+
+def test_translator_nbest_and_greedy(loaded):
+    tr = Translator(loaded, beam_size=3)
+    nbest = tr.translate_nbest(LINES[:3], 3)
+    assert [len(n) for n in nbest] == [3, 1, 3]
+    for entries in nbest:
+        scores = [s for s, _ in entries]
+        assert scores == sorted(scores, reverse=True)
+    assert [n[0][1] for n in nbest] == tr.translate(LINES[:3])
+    assert nbest[1] == [(0.0, "")]
+    greedy = Translator(loaded, greedy=True)
+    ids = [loaded.src_tokenizer.encode(line) for line in LINES[:3] if line]
+    # tokens in, tokens out: the training loop's dev-BLEU path
+    found = search_batched(loaded.model, ids, SearchOptions(greedy=True))
+    assert [h[0].tokens for h in found] == [h[0].tokens for h in greedy.search(ids)]
+    loaded.model.train()  # as during training: searched in eval mode, then put back
+    try:
+        again = search_batched(loaded.model, ids, SearchOptions(greedy=True))
+        assert loaded.model.training
+    finally:
+        loaded.model.eval()
+    assert [h[0].tokens for h in again] == [h[0].tokens for h in found]
+    with pytest.raises(ValueError):
+        Translator(loaded, greedy=True, nbest=2)
+    with pytest.raises(ValueError):
+        Translator(loaded, beam_size=2).translate_nbest(["a"], 3)
+
+
+def _cli(*args, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "aiayn", "translate", *map(str, args)],
+                          input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120)
+
+
+def test_cli_file_to_file(model_dir, loaded, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    r = _cli("--model", model_dir, "--input", src, "--output", out, "--max-src-tokens", 64,
+             "--batch-size", 3)
+    assert r.returncode == 0, r.stderr
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert got[-1] == "" and len(got) - 1 == len(LINES)
+    expected = Translator(loaded, max_src_tokens=64, warn=lambda m: None).translate(LINES)
+    assert got[:-1] == expected
+    stderr = r.stderr.decode()
+    assert "line 4:" in stderr and "warning" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temp files
+
+    # An existing output is refused (one line, exit 2) and left alone; --overwrite replaces it.
+    out.write_text("keep me\n")
+    r = _cli("--model", model_dir, "--input", src, "--output", out)
+    assert r.returncode == 2 and b"--overwrite" in r.stderr and r.stderr.count(b"\n") == 1
+    assert out.read_text() == "keep me\n"
+    # A failure after the check (bad input) leaves the old file intact even with --overwrite.
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nbroken \xff line\n")
+    r = _cli("--model", model_dir, "--input", bad, "--output", out, "--overwrite")
+    assert r.returncode == 2 and b":2:" in r.stderr and b"Traceback" not in r.stderr
+    assert out.read_text() == "keep me\n"
+    r = _cli("--model", model_dir, "--input", src, "--output", out, "--overwrite",
+             "--max-src-tokens", 64)
+    assert r.returncode == 0 and out.read_text(encoding="utf-8").split("\n")[:-1] == expected
+
+
+def test_cli_stdin_stdout_nbest(model_dir):
+    text = "the cat\n\na dog runs\n".encode()
+    r = _cli("--model", model_dir, "--nbest", 2, stdin=text)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.decode().split("\n")[:-1]]
+    assert [row[0] for row in rows] == ["0", "0", "1", "2", "2"]
+    assert rows[2][1:] == ["0.000000", ""]
+    assert float(rows[0][1]) >= float(rows[1][1]) and float(rows[3][1]) >= float(rows[4][1])
+    plain = _cli("--model", model_dir, stdin=text)
+    assert plain.stdout.decode().split("\n")[:-1] == [rows[0][2], "", rows[3][2]]
+    greedy = _cli("--model", model_dir, "--greedy", "--interactive", stdin=text)
+    assert greedy.returncode == 0 and len(greedy.stdout.decode().split("\n")) == 4
+
+
+def test_cli_user_errors(model_dir, tmp_path):
+    r = _cli("--model", tmp_path / "nope", stdin=b"hello\n")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"nope" in r.stderr
+    assert b"Traceback" not in r.stderr
+    r = _cli("--model", model_dir, "--input", tmp_path / "missing.txt")
+    assert r.returncode == 2 and b"missing.txt" in r.stderr and b"Traceback" not in r.stderr
+    r = _cli("--model", model_dir, "--beam", 2, "--nbest", 3, stdin=b"x\n")
+    assert r.returncode == 2 and b"beam size" in r.stderr
