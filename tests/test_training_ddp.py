@@ -39,7 +39,7 @@ def test_two_processes_equal_one_process_accumulating(tmp_path):
     # keeps Adam's near-sign first steps from magnifying float rounding in near-zero gradients.
     common = ["--data", str(data), "--preset", "micro", "--set", *SMALL, "p_drop=0", "adam_eps=1e-4",
               "--max-steps", "12", "--batch-tokens", str(BATCH_TOKENS), "--save-every", "5",
-              "--eval-every", "6", "--eval-bleu-sentences", "2", "--threads", "1",
+              "--eval-every", "6", "--eval-bleu-sentences", "2", "--threads", "1", "--precision", "fp32",
               "--no-tensorboard", "--no-progress", "--save-minutes", "1000"]
     port = str(free_port())
     procs = []

@@ -16,7 +16,7 @@ from aiayn.model.transformer import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 from aiayn.training.distributed import DistEnv
 from aiayn.training.loss import label_smoothed_loss, label_smoothed_mean
-from aiayn.training.precision import Precision, resolve
+from aiayn.training.precision import Precision, cpu_has_native_bf16, resolve
 from aiayn.training.schedule import build_optimizer, learning_rate, lr_at, peak_learning_rate
 from aiayn.training.step import Updater
 from aiayn.training.trainer import batch_plan
@@ -230,7 +230,8 @@ def test_clipping_bounds_the_gradient_norm():
 
 def test_precision_choices():
     cpu = torch.device("cpu")
-    assert resolve("auto", cpu) == "fp32"
+    assert resolve("auto", cpu) == ("bf16" if cpu_has_native_bf16() else "fp32")
+    assert resolve("fp32", cpu) == "fp32" and resolve("bf16", cpu) == "bf16"
     with pytest.raises(UserError, match="fp16 needs a CUDA"):
         resolve("fp16", cpu)
     with pytest.raises(UserError):

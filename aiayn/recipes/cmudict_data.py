@@ -51,16 +51,21 @@ def split_words(words: list[str], seed: int = 1, n_valid: int = 2000, n_test: in
     return G2PSplit(train=ws[n_valid + n_test:], valid=ws[:n_valid], test=ws[n_valid:n_valid + n_test])
 
 
-def write_g2p_corpus(out_dir: str | Path, seed: int = 1, n_valid: int = 2000, n_test: int = 6000
-                     ) -> dict[str, object]:
+def write_g2p_corpus(out_dir: str | Path, seed: int = 1, n_valid: int = 2000, n_test: int = 6000,
+                     max_train_words: int | None = None) -> dict[str, object]:
     """Write train.{src,tgt} (one line per pronunciation), valid/test.{src,tgt} (one line per word,
     its first pronunciation) and valid/test.refs (all pronunciations of the word, ' | '-separated,
-    for the word error rate). Returns counts."""
+    for the word error rate). `max_train_words` keeps only that many training words (for quick
+    tests). Returns counts."""
     lex = load_cmudict()
     split = split_words(list(lex), seed, n_valid, n_test)
+    if max_train_words is not None:
+        split.train = split.train[:max_train_words]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    counts: dict[str, object] = {"words": len(lex)}
+    # the target vocabulary is what training shows: its distinct phonemes
+    phonemes = {ph for w in split.train for pr in lex[w] for ph in pr.split()}
+    counts: dict[str, object] = {"words": len(lex), "phonemes": len(phonemes)}
     for name, words in (("train", split.train), ("valid", split.valid), ("test", split.test)):
         pairs = [(w, p) for w in words for p in lex[w]] if name == "train" else [(w, lex[w][0]) for w in words]
         with atomic_write(out / f"{name}.src") as fs, atomic_write(out / f"{name}.tgt") as ft:

@@ -1,0 +1,133 @@
+"""The offline demo: grapheme-to-phoneme conversion on CMUdict, end to end on a CPU.
+
+corpus (split by word, stress removed) -> `prepare` (characters in, phoneme symbols out: separate
+vocabularies) -> `train` for a time budget -> beam search on the held-out words -> word and
+phoneme error rates. The saved model then answers `aiayn translate` for any word.
+
+Re-running reuses what is done: a finished model is evaluated again; an interrupted training run
+(killed, or out of time) resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from aiayn.config import load_config
+from aiayn.io import atomic_write, write_dir_atomically
+
+# Words not in CMUdict, to show the model generalising.
+NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
+
+
+def _export_model(run_dir: Path, model_dir: Path) -> None:
+    """Copy the run's last checkpoint (weights, config, tokenizers; no trainer state) as a
+    plain model directory."""
+    last = (run_dir / "last").resolve()
+
+    def fill(tmp: Path) -> None:
+        for f in last.iterdir():
+            if f.is_file() and f.name != "trainer_state.pt":
+                shutil.copyfile(f, tmp / f.name)
+
+    write_dir_atomically(model_dir, fill)
+
+
+def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
+                 beam_size: int | None = None, progress: bool = True) -> dict:
+    """Beam-search each word; WER (no reference pronunciation matched) and PER."""
+    from aiayn.decoding.translate import Translator
+    from aiayn.evaluation.g2p import phoneme_error_rate, word_error_rate
+    from aiayn.model.io import load_model
+
+    tr = Translator(load_model(model_dir), beam_size=beam_size)
+    t0 = time.perf_counter()
+    hyps = tr.translate(words, progress=progress)
+    seconds = time.perf_counter() - t0
+    return {"wer": word_error_rate(hyps, refs), "per": phoneme_error_rate(hyps, refs),
+            "words": len(words), "decode_seconds": seconds, "hyps": hyps,
+            "novel": dict(zip(NOVEL_WORDS, tr.translate(NOVEL_WORDS)))}
+
+
+def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
+            overrides: list[str] | None = None, seed: int = 1, threads: int | None = None,
+            retrain: bool = False, max_train_words: int | None = None, n_valid: int = 2000,
+            n_test: int = 6000, progress: bool = True,
+            log: Callable[[str], None] = print) -> dict:
+    """The whole demo; returns the results (also written to OUT/results.json)."""
+    from aiayn.data.corpus import ParallelSource
+    from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
+    from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
+    from aiayn.training.trainer import TrainOptions, train
+
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    corpus, data, run, model = out / "corpus", out / "data", out / "run", out / "model"
+    counts = write_g2p_corpus(corpus, seed=seed, n_valid=n_valid, n_test=n_test,
+                              max_train_words=max_train_words)
+    log(f"CMUdict: {counts['words']:,} words; train {counts['train']['words']:,} words "
+        f"({counts['train']['pairs']:,} pronunciations), valid {n_valid:,}, test {n_test:,} "
+        "(split by word, stress removed)")
+    splits = {name: ParallelSource(corpus / f"{name}.src", corpus / f"{name}.tgt")
+              for name in ("train", "valid", "test")}
+    # Characters in, phoneme symbols out: one target piece per phoneme (+4 specials).
+    options = PrepareOptions(src_lang="spelling", tgt_lang="phonemes", separate_vocab=True,
+                             model_type="char", tgt_model_type="word",
+                             vocab_size=int(counts["phonemes"]) + 4, max_len=0, max_ratio=0)
+    prepared = prepare_dataset(data, splits, options, overwrite=True)
+    log(format_summary(prepared))
+
+    if retrain or not (model / "config.json").exists():
+        resume = (run / "last").exists() and not retrain
+        cfg = load_config(preset, overrides=overrides)
+        log(f"{'resuming' if resume else 'training'} preset {preset} for up to {minutes:g} minutes")
+        summary = train(None if resume else cfg, data, run, TrainOptions(
+            time_budget=minutes, eval_every=500, eval_bleu_sentences=0, seed=seed,
+            threads=threads, resume=resume, overwrite=retrain, progress=progress,
+            save_minutes=2.0, tensorboard=True))
+        _export_model(run, model)
+    else:
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+        log(f"reusing the trained model in {model} (pass --retrain to train again)")
+
+    # Valid is for choosing settings (README experiments); test is reported.
+    valid = evaluate_g2p(model, (corpus / "valid.src").read_text(encoding="utf-8").splitlines(),
+                         read_refs(corpus / "valid.refs"), progress=progress)
+    test_words = (corpus / "test.src").read_text(encoding="utf-8").splitlines()
+    refs = read_refs(corpus / "test.refs")
+    res = evaluate_g2p(model, test_words, refs, progress=progress)
+    results = {
+        "wer": res["wer"], "per": res["per"], "test_words": res["words"],
+        "valid_wer": valid["wer"], "valid_per": valid["per"],
+        "decode_seconds": res["decode_seconds"], "total_seconds": time.perf_counter() - t_start,
+        "train": {k: summary.get(k) for k in ("steps", "epochs", "train_seconds", "tgt_tokens",
+                                              "tgt_tokens_per_s", "final_dev", "precision")},
+        "preset": preset, "overrides": overrides or [], "model": str(model),
+        "samples": [{"word": w, "predicted": h, "dictionary": r}
+                    for w, h, r in list(zip(test_words, res["hyps"], refs))[:10]],
+        "novel_words": res["novel"],
+    }
+    with atomic_write(out / "results.json") as f:
+        json.dump(results, f, indent=2)
+    return results
+
+
+def format_results(r: dict) -> str:
+    lines = [f"{'word':<16} {'predicted':<28} dictionary"]
+    for s in r["samples"]:
+        mark = "ok " if s["predicted"] in s["dictionary"] else "   "
+        lines.append(f"{s['word']:<16} {s['predicted']:<28} {mark}{' | '.join(s['dictionary'])}")
+    lines.append("")
+    lines.append("words not in the dictionary: " +
+                 ", ".join(f"{w} -> {p}" for w, p in r["novel_words"].items()))
+    lines.append("")
+    lines.append(f"validation words: word error rate {100 * r['valid_wer']:.1f}%, "
+                 f"phoneme error rate {100 * r['valid_per']:.1f}%")
+    lines.append(f"held-out words: {r['test_words']:,}   word error rate {100 * r['wer']:.1f}%   "
+                 f"phoneme error rate {100 * r['per']:.1f}%   (beam search, "
+                 f"{r['decode_seconds']:.0f}s; total {r['total_seconds'] / 60:.1f} min)")
+    lines.append(f"try it: echo hello | aiayn translate --model {r['model']}")
+    return "\n".join(lines)

