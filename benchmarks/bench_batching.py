@@ -4,9 +4,10 @@ Default: a synthetic dataset of Multi30k's size (29,000 pairs, 10-40 subword tok
 same memory layout as a prepared dataset (concatenated uint16 ids + int64 offsets), so the numbers
 are those of the fast collate path. `--data DIR` uses a dataset made by `aiayn prepare` instead.
 Prints, per max_tokens budget, the batch count, padding fraction and milliseconds per batch for
-planning and for collating, to be set against the time of one training step.
+planning and for collating, and, with `--step-preset`, that cost as a share of one training step
+(forward, label-smoothed loss, backward, Adam) of that preset on the same batches (target: < 2%).
 
-    .venv/bin/python benchmarks/bench_batching.py
+    .venv/bin/python benchmarks/bench_batching.py --step-preset tiny --max-tokens 4096
     .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
 """
 
@@ -57,6 +58,9 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3, help="epochs to time, best one reported (default 3)")
     p.add_argument("--world-size", type=int, default=1, help="ranks to split among (rank 0 timed)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-preset", help="also time training steps of this preset (e.g. tiny) "
+                   "and print batching's share of a step")
+    p.add_argument("--steps", type=int, default=5, help="training steps timed (default 5)")
     args = p.parse_args()
 
     if args.data:
@@ -91,7 +95,41 @@ def main() -> int:
         print(f"{max_tokens:>10} {n:>8} {pairs_per_batch:>8.1f} {sampler.padding_fraction:>8.3f} "
               f"{init * 1e3:>8.1f} {plan_ms:>10.4f} {coll_ms:>13.4f} {plan_ms + coll_ms:>11.4f} "
               f"{(best_plan + best_collate) * 1e3:>9.1f}")
+        if args.step_preset:
+            step_ms = time_training_step(args.step_preset, ds, batches, args.steps)
+            print(f"{'':>10} training step of {args.step_preset}: {step_ms:.1f} ms; batching is "
+                  f"{100 * (plan_ms + coll_ms) / step_ms:.3f}% of a step")
     return 0
+
+
+def time_training_step(preset: str, ds, batches, steps: int) -> float:
+    """Median milliseconds of one update (bf16 autocast where the CPU has native bf16, as
+    `aiayn train` does by default) on the first batches."""
+    from dataclasses import replace
+
+    import torch
+
+    from aiayn.config import get_preset
+    from aiayn.model import Transformer
+    from aiayn.training.loss import label_smoothed_loss
+    from aiayn.training.precision import resolve
+
+    cfg = replace(get_preset(preset), vocab_size=8000)
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
+    bf16 = resolve("auto", torch.device("cpu")) == "bf16"
+    times = []
+    for idx in batches[: steps + 2]:
+        b = collate(ds, idx)
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(b.src, b.tgt_in)
+        loss = label_smoothed_loss(logits, b.tgt_out, cfg.eps_ls)[0] / b.n_tgt_tokens
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[2:])) * 1e3  # the first two warm up
 
 
 if __name__ == "__main__":

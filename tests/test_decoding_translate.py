@@ -6,48 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
-from aiayn.config import get_preset
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.translate import Translator, length_batches, search_batched, SearchOptions
-from aiayn.model import Transformer
-from aiayn.model.io import load_model, save_model
+from aiayn.model.io import load_model
 
 REPO = Path(__file__).resolve().parents[1]
-TEXTS = [
-    "the cat sat on the mat",
-    "a dog runs in the park",
-    "ein hund läuft im park",
-    "die katze sitzt auf der matte",
-    "the children play in the garden",
-    "die kinder spielen im garten",
-]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # micro models: a second thread only waits on a shared machine
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("decoding")
-    tok = Tokenizer.train(TEXTS * 3, 48, path=d / "spm.model", byte_fallback=False)
-    cfg = replace(get_preset("micro"), vocab_size=tok.vocab_size, n_layers=1, d_model=32,
-                  d_ff=64, n_heads=4, max_len_b=8)
-    torch.manual_seed(0)
-    model = Transformer(cfg).eval()
-    return save_model(d / "model", model, cfg, {"spm.model": d / "spm.model"})
-
-
 @pytest.fixture(scope="module")
 def loaded(model_dir):
     return load_model(model_dir)

@@ -100,3 +100,37 @@ def test_empty_files_score_zero(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["lines"] == 0
     assert d["sacrebleu"]["score"] == d["chrf"]["score"] == d["tokenized_bleu"]["score"] == 0.0
+
+
+def test_reference_perplexity_under_a_model_matches_one_at_a_time(model_dir, tmp_path, capsys):
+    import math
+
+    import torch
+
+    from aiayn.model.io import load_model
+    from aiayn.special import BOS_ID, EOS_ID
+
+    srcs = ["the cat sat on the mat", "ein hund", "die kinder spielen im garten im park"]
+    refs = ["die katze sitzt", "a dog runs in the park", "the children play"]
+    (tmp_path / "s.txt").write_text("\n".join(srcs) + "\n")
+    (tmp_path / "r.txt").write_text("\n".join(refs) + "\n")
+    assert cli_main(["evaluate", "--ref", str(tmp_path / "r.txt"), "--src", str(tmp_path / "s.txt"),
+                     "--model", str(model_dir), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["perplexity"]
+
+    m = load_model(model_dir)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for s, r in zip(srcs, refs):
+            src = torch.tensor([m.src_tokenizer.encode(s) + [EOS_ID]])
+            tgt = m.tgt_tokenizer.encode(r) + [EOS_ID]
+            logp = m.model(src, torch.tensor([[BOS_ID] + tgt[:-1]]))[0].log_softmax(-1)
+            nll -= sum(logp[i, t].item() for i, t in enumerate(tgt))
+            n += len(tgt)
+    assert got["n_tokens"] == n
+    assert got["ppl"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+
+
+def test_model_needs_src(files, model_dir):
+    r = run("--ref", str(files[1]), "--model", str(model_dir))
+    assert r.returncode == 2 and "--model and --src go together" in r.stderr

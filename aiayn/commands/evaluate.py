@@ -4,7 +4,9 @@
 - chrF, with its signature;
 - tokenized BLEU: the paper's convention (Moses-tokenized, mixed case, German hyphenated
   compounds split as tensor2tensor does), or with `--lowercase` the Multi30k convention
-  (lowercased, punctuation-normalised, Moses-tokenized, no compound splitting).
+  (lowercased, punctuation-normalised, Moses-tokenized, no compound splitting);
+- with `--model M --src S`: the per-token perplexity of the references under the model
+  (teacher-forced, per target subword including EOS, as the paper's Table 3 reports it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiayn.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hyp", required=True, metavar="H",
+    parser.add_argument("--hyp", metavar="H",
                         help="hypotheses, detokenized UTF-8 text, one sentence a line ('-' = stdin)")
     parser.add_argument("--ref", required=True, metavar="R",
                         help="references, detokenized UTF-8 text, one sentence a line")
@@ -28,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lowercase", action="store_true",
                         help="case-insensitive scores; tokenized BLEU then follows the Multi30k "
                              "convention (lowercased, punctuation-normalised, no compound split)")
+    parser.add_argument("--model", metavar="M", help="a model directory: also report the references' "
+                        "per-token perplexity under it (needs --src)")
+    parser.add_argument("--src", metavar="S", help="the source sentences of the references, for --model")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -92,16 +97,53 @@ def format_table(result: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    hyps = _read_lines(args.hyp)
+    if args.hyp is None and args.model is None:
+        raise UserError("give --hyp (translations to score) and/or --model with --src (perplexity)")
+    if (args.model is None) != (args.src is None):
+        raise UserError("--model and --src go together: perplexity of --ref given --src under --model")
     refs = _read_lines(args.ref)
-    hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
-    if len(hyps) != len(refs):
-        raise UserError(f"{hyp_name} has {len(hyps)} lines but {args.ref} has {len(refs)}; "
-                        f"hypotheses and references must be line-aligned")
-    result = score(hyps, refs, lang=args.lang, lowercase=args.lowercase)
+    out: dict = {"ref": args.ref}
+    if args.hyp is not None:
+        hyps = _read_lines(args.hyp)
+        hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+        if len(hyps) != len(refs):
+            raise UserError(f"{hyp_name} has {len(hyps)} lines but {args.ref} has {len(refs)}; "
+                            f"hypotheses and references must be line-aligned")
+        out.update({"hyp": hyp_name, "lines": len(hyps)}, **score(hyps, refs, lang=args.lang,
+                                                                  lowercase=args.lowercase))
+    if args.model is not None:
+        srcs = _read_lines(args.src)
+        if len(srcs) != len(refs):
+            raise UserError(f"{args.src} has {len(srcs)} lines but {args.ref} has {len(refs)}; "
+                            f"sources and references must be line-aligned")
+        out["perplexity"] = model_perplexity(args.model, srcs, refs)
     if args.json:
-        print(json.dumps({"hyp": hyp_name, "ref": args.ref, **result}, ensure_ascii=False))
-    else:
-        print(f"{hyp_name} against {args.ref}, {len(hyps)} lines")
-        print(format_table(result))
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    if args.hyp is not None:
+        print(f"{out['hyp']} against {args.ref}, {out['lines']} lines")
+        print(format_table(out))
+    if args.model is not None:
+        p = out["perplexity"]
+        print(f"perplexity of {args.ref} under {args.model}: {p['ppl']:.3f} per target token "
+              f"(NLL {p['nll_per_token']:.4f}, {p['n_tokens']:,} tokens incl. EOS)")
     return 0
+
+
+def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
+                     batch_tokens: int = 4000) -> dict:
+    """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory."""
+    import numpy as np
+
+    from aiayn.data.batching import collate
+    from aiayn.decoding.translate import length_batches
+    from aiayn.evaluation.perplexity import reference_perplexity
+    from aiayn.model.io import load_model
+
+    loaded = load_model(model_dir)
+    pairs = [(np.asarray(s, np.int64), np.asarray(t, np.int64))
+             for s, t in zip(loaded.src_tokenizer.encode_batch(srcs),
+                             loaded.tgt_tokenizer.encode_batch(refs))]
+    lengths = [max(len(s), len(t)) + 1 for s, t in pairs]
+    batches = (collate(pairs, b) for b in length_batches(lengths, batch_tokens))
+    return reference_perplexity(loaded.model, batches)
