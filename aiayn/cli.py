@@ -23,22 +23,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
-    "export": ("export", "export a model for other inference engines (CTranslate2)"),
 }
-
-
-def _available() -> dict[str, tuple[str, str]]:
-    found = {}
-    for name, (mod, help_) in COMMANDS.items():
-        if importlib.util.find_spec(f"aiayn.commands.{mod}") is not None:
-            found[name] = (mod, help_)
-    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiayn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (mod, help_) in _available().items():
+    for name, (mod, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         module = importlib.import_module(f"aiayn.commands.{mod}")
         module.add_arguments(p)

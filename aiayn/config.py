@@ -135,10 +135,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserError(f"invalid config: unknown field(s) {', '.join(unknown)}")
+        _check_known(d, "invalid config")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -161,6 +158,12 @@ class Config:
                 raise UserError(f"invalid override: unknown config field {k!r}")
             parsed[k] = _parse_value(k, v, types[k], getattr(self, k))
         return replace(self, **parsed)
+
+
+def _check_known(d: dict[str, Any], where: str) -> None:
+    unknown = sorted(set(d) - {f.name for f in fields(Config)})
+    if unknown:
+        raise UserError(f"{where}: unknown config field(s) {', '.join(unknown)}")
 
 
 def _parse_value(name: str, text: str, type_str: Any, current: Any) -> Any:
@@ -260,10 +263,7 @@ def load_config(preset: str | None = None, config_file: str | None = None,
             raise UserError(f"{config_file}:{e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(data, dict):
             raise UserError(f"{config_file}: expected a JSON object of config fields")
-        known = {f.name for f in fields(Config)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UserError(f"{config_file}: unknown config field(s) {', '.join(unknown)}")
+        _check_known(data, config_file)
         cfg = replace(cfg, **data)
     if overrides:
         cfg = cfg.with_overrides(overrides)
