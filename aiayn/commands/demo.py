@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training time budget in minutes (default 7.5: the whole demo stays "
                         "under 10 minutes on 2 cores)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="training arithmetic (default auto: bf16 where the CPU has native bf16)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--retrain", action="store_true",
                    help="train from scratch even if OUT already holds a model or a run")
@@ -34,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     if args.minutes <= 0:
         raise UserError(f"--minutes must be > 0, got {args.minutes}")
     results = run_g2p(args.out, preset=args.preset, minutes=args.minutes, overrides=args.set,
-                      seed=args.seed, threads=args.threads, retrain=args.retrain,
+                      seed=args.seed, threads=args.threads, precision=args.precision, retrain=args.retrain,
                       max_train_words=args.max_train_words, n_valid=args.n_valid,
                       n_test=args.n_test, progress=not args.no_progress,
                       log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -54,6 +54,7 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
 
 def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
             overrides: list[str] | None = None, seed: int = 1, threads: int | None = None,
+            precision: str = "auto",
             retrain: bool = False, max_train_words: int | None = None, n_valid: int = 2000,
             n_test: int = 6000, progress: bool = True,
             log: Callable[[str], None] = print) -> dict:
@@ -86,7 +87,7 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
         log(f"{'resuming' if resume else 'training'} preset {preset} for up to {minutes:g} minutes")
         summary = train(None if resume else cfg, data, run, TrainOptions(
             time_budget=minutes, eval_every=500, eval_bleu_sentences=0, seed=seed,
-            threads=threads, resume=resume, overwrite=retrain, progress=progress,
+            threads=threads, precision=precision, resume=resume, overwrite=retrain, progress=progress,
             save_minutes=2.0, tensorboard=True))
         _export_model(run, model)
     else:
