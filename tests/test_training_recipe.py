@@ -15,6 +15,7 @@ from aiayn.errors import UserError
 from aiayn.model.transformer import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 from aiayn.training.distributed import DistEnv
+from aiayn.training import loss as loss_module
 from aiayn.training.loss import label_smoothed_loss, label_smoothed_mean
 from aiayn.training.precision import Precision, cpu_has_native_bf16, resolve
 from aiayn.training.schedule import build_optimizer, learning_rate, lr_at, peak_learning_rate
@@ -89,6 +90,29 @@ def test_smoothing_raises_loss_above_nll_and_low_precision_logits_work(batch):
     assert out.smoothed.dtype == torch.float32
     assert out.smoothed.item() == pytest.approx(ref_s.item(), rel=1e-5)
     assert out.smoothed.item() > out.nll.item()  # these logits are confident: smoothing costs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_loss_gradient_matches_autograd_of_the_definition(dtype, eps):
+    # More rows than one chunk of the fused loss, so chunk boundaries are crossed; both outputs
+    # carry gradient (weights 0.7 and 0.2) so each term of the hand-written backward is checked.
+    g = torch.Generator().manual_seed(1)
+    n, v = loss_module._CHUNK_ROWS * 2 + 37, 50
+    logits = (torch.randn(n, v, generator=g) * 4).to(dtype)
+    target = torch.randint(4, v, (n,), generator=g)
+    target[::7] = PAD_ID
+    fast = logits.clone().requires_grad_()
+    out = label_smoothed_loss(fast, target, eps)
+    (0.7 * out.smoothed + 0.2 * out.nll).backward()
+    ref = logits.double().requires_grad_()
+    s, nll, _ = one_hot_reference(ref, target, eps)
+    (0.7 * s + 0.2 * nll).backward()
+    assert fast.grad.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16 gradient storage: 8 mantissa bits
+    assert torch.allclose(fast.grad.double(), ref.grad, atol=tol, rtol=tol)
+    assert out.smoothed.item() == pytest.approx(s.item(), rel=1e-5)
+    assert torch.equal(logits, fast.detach())  # the backward works on copies, never in place
 
 
 # --- the learning rate, Eq. 3 -------------------------------------------------------------------

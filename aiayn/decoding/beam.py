@@ -39,6 +39,7 @@ from torch import Tensor
 
 from aiayn.decoding.common import (
     Hypothesis,
+    ban_early_eos,
     decoder_length_cap,
     decoding_defaults,
     length_penalty,
@@ -116,7 +117,8 @@ def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
 def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_len_a: float | None = None, max_len_b: float | None = None,
-                nbest: int = 1, early_stop: bool = True) -> list[list[Hypothesis]]:
+                nbest: int = 1, early_stop: bool = True, min_len: int = 0
+                ) -> list[list[Hypothesis]]:
     """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
     (B, S) bool, True at real tokens (default `src != PAD`).
 
@@ -124,6 +126,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     `nbest`; fewer only when the model gives probability 0 to almost everything). Settings left
     None come from the model's config (the paper's: k = 4, alpha = 0.6, L = S + 50).
     `early_stop=False` runs every sentence to its maximum length (for testing: same result).
+    `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
+    (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
     The model should be in eval mode.
     """
     cfg = decoding_defaults(model)
@@ -164,7 +168,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         n = sent.numel()
         logits = model.decode_step(last, cache)  # (n*k, V)
         vocab = logits.size(-1)
-        logp = next_token_logprobs(logits).view(n, k * vocab)  # float32
+        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
+        logp = logp.view(n, k * vocab)
         cand_raw = (raw[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
         n_cand = min(2 * k, k * vocab)
         top_raw, top_idx = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first

@@ -59,6 +59,16 @@ def next_token_logprobs(logits: Tensor) -> Tensor:
     return logp
 
 
+def ban_early_eos(logp: Tensor, step: int, min_len: int) -> Tensor:
+    """Not in the paper (off when min_len <= 1): forbid EOS at decoding step `step` (1-based,
+    the |Y| an EOS chosen now would give) while step < min_len, so every complete hypothesis has
+    |Y| >= min_len, EOS counted. Benchmarks use it to make every system decode the same number of
+    steps. logp: (N, V), changed in place and returned."""
+    if step < min_len:
+        logp[:, EOS_ID] = float("-inf")
+    return logp
+
+
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, Eq. 14); |Y| counts
     EOS. alpha = 0 gives 1 (plain log-probability); larger alpha favours longer outputs."""

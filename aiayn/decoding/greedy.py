@@ -14,6 +14,7 @@ from torch import Tensor
 
 from aiayn.decoding.common import (
     Hypothesis,
+    ban_early_eos,
     decoder_length_cap,
     decoding_defaults,
     max_output_lengths,
@@ -25,14 +26,15 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 @torch.inference_mode()
 def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
-                  max_len_a: float | None = None, max_len_b: float | None = None
-                  ) -> list[Hypothesis]:
+                  max_len_a: float | None = None, max_len_b: float | None = None,
+                  min_len: int = 0) -> list[Hypothesis]:
     """Greedy decoding of a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD;
     src_mask: (B, S) bool, True at real tokens (default `src != PAD`).
 
     Returns one `Hypothesis` per sentence, in batch order; its score is its log-probability (no
     length penalty: greedy has no competing hypotheses to rank). The model should be in eval
-    mode. `max_len_a`/`max_len_b` default to the model config's (1 and 50).
+    mode. `max_len_a`/`max_len_b` default to the model config's (1 and 50). `min_len` (not in
+    the paper, 0 = off) forbids EOS before step min_len (`common.ban_early_eos`).
     """
     cfg = decoding_defaults(model)
     a = cfg.max_len_a if max_len_a is None else max_len_a
@@ -60,7 +62,7 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     t = 0
     while rows.numel():
         logits = model.decode_step(last, cache)  # (n_live, V)
-        logp = next_token_logprobs(logits)  # (n_live, V) float32
+        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n_live, V) float32
         tok_lp, tok = logp.max(dim=-1)  # (n_live,)
         hist_tok = torch.cat([hist_tok, tok[:, None]], dim=1)  # (n_live, t+1)
         hist_lp = torch.cat([hist_lp, tok_lp[:, None]], dim=1)

@@ -42,6 +42,10 @@ class SearchOptions:
     nbest: int = 1
     batch_tokens: int = 4000  # sentences x longest source (EOS included) per batch
     batch_size: int | None = None  # at most this many sentences per batch, when given
+    # Not in the paper (0 = off): no EOS before decoding step min_len, so a complete output has
+    # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes
+    # exactly min_len steps: benchmarks use it so that every system does the same work.
+    min_len: int = 0
 
     def validate(self, cfg: Any = None) -> "SearchOptions":
         """Raise ValueError for impossible settings (the CLI turns them into UserErrors)."""
@@ -60,6 +64,8 @@ class SearchOptions:
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
+        if self.min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
         if self.batch_tokens < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError("batch tokens and batch size must be >= 1")
         return self
@@ -118,10 +124,11 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
                 src, src_mask = source_batch([sources[i] for i in batch], device)
                 if options.greedy:
                     found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,
-                                                        options.max_len_b)]
+                                                        options.max_len_b, options.min_len)]
                 else:
                     found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
-                                        options.max_len_a, options.max_len_b, options.nbest)
+                                        options.max_len_a, options.max_len_b, options.nbest,
+                                        min_len=options.min_len)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
                 bar.update(len(batch))

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from aiayn.config import Config
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.cache import KVCache
+from aiayn.model.dropout import dropout
 
 
 class FeedForward(nn.Module):
@@ -20,7 +21,7 @@ class FeedForward(nn.Module):
         self.p_ffn_drop = cfg.p_ffn_drop  # deviation, default 0: dropout on the ReLU output
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.dropout(F.relu(self.w1(x)), self.p_ffn_drop, self.training))
+        return self.w2(dropout(F.relu(self.w1(x)), self.p_ffn_drop, self.training))
 
 
 class Residual(nn.Module):
@@ -39,7 +40,7 @@ class Residual(nn.Module):
 
     def out(self, x: Tensor, sub: Tensor) -> Tensor:
         """Combine the sub-layer's output with the residual stream."""
-        y = x + F.dropout(sub, self.p_drop, self.training)
+        y = x + dropout(sub, self.p_drop, self.training)
         return y if self.pre else self.norm(y)
 
 

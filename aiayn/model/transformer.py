@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from aiayn.config import Config
 from aiayn.model.attention import window_mask
 from aiayn.model.cache import KVCache
+from aiayn.model.dropout import dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.special import PAD_ID
@@ -77,7 +78,7 @@ class Transformer(nn.Module):
     def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> Tensor:
         """Scaled embeddings plus positions, then dropout P_drop (§3.4, §3.5, §5.4)."""
         x = embed(ids) + pos(ids.size(1), offset).to(embed.weight.dtype)  # (B, T, d_model)
-        return F.dropout(x, self.cfg.p_drop, self.training)
+        return dropout(x, self.cfg.p_drop, self.training)
 
     def logits(self, y: Tensor) -> Tensor:
         """Pre-softmax projection (§3.4): (B, T, d_model) -> (B, T, V_tgt)."""
