@@ -11,14 +11,11 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aiayn.cli import main as cli_main
-from aiayn.config import get_preset
 from aiayn.decoding import greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
@@ -26,7 +23,7 @@ from aiayn.model import Transformer
 from aiayn.model.io import load_model, save_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
-from conftest import TEXTS
+from conftest import reverser_model_dir as _model_dir
 
 MAX_LEN = 10
 # aiayn's searches never emit PAD or BOS; CTranslate2 must be told (see aiayn/model/export_ct2.py).
@@ -34,51 +31,6 @@ SUPPRESS = [["<pad>"], ["<s>"]]
 
 def _ct2():
     return pytest.importorskip("ctranslate2")
-
-
-def _train_reverser(cfg, steps: int = 120, seed: int = 0) -> Transformer:
-    """A model trained briefly to output its source reversed (ids mapped into the target
-    vocabulary): enough for varied, position-dependent greedy outputs."""
-    torch.manual_seed(seed)
-    model = Transformer(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed)
-    v_src, v_tgt = cfg.src_vocab, cfg.tgt_vocab
-    for _ in range(steps):
-        srcs = [torch.randint(4, v_src, (int(n),), generator=g).tolist()
-                for n in torch.randint(2, 9, (32,), generator=g)]
-        tgts = [[4 + (x - 4) % (v_tgt - 4) for x in reversed(s)] for s in srcs]
-        src, src_mask = source_batch(srcs)
-        width = max(map(len, tgts)) + 1
-        tgt_in = torch.full((len(tgts), width), PAD_ID)
-        tgt_out = torch.full((len(tgts), width), PAD_ID)
-        for i, t in enumerate(tgts):
-            tgt_in[i, : len(t) + 1] = torch.tensor([BOS_ID] + t)
-            tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS_ID])
-        logits = model(src, tgt_in, src_mask)  # (B, T, V)
-        loss = F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
-
-
-def _model_dir(root: Path, separate: bool = False, **overrides) -> Path:
-    """A saved, briefly trained model directory; `separate` gives it its own target vocabulary."""
-    from aiayn.data.tokenizer import Tokenizer
-
-    root.mkdir(parents=True, exist_ok=True)
-    if separate:
-        src_tok = Tokenizer.train(TEXTS[::2] * 3, 40, path=root / "src.spm.model", byte_fallback=False)
-        tgt_tok = Tokenizer.train(TEXTS[1::2] * 3, 34, path=root / "tgt.spm.model", byte_fallback=False)
-        files = {"src.spm.model": root / "src.spm.model", "tgt.spm.model": root / "tgt.spm.model"}
-        overrides = dict(tgt_vocab_size=tgt_tok.vocab_size, tie_embeddings=False, **overrides)
-    else:
-        src_tok = Tokenizer.train(TEXTS * 3, 48, path=root / "spm.model", byte_fallback=False)
-        files = {"spm.model": root / "spm.model"}
-    sizes = dict(n_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
-    cfg = replace(get_preset("micro"), vocab_size=src_tok.vocab_size, **{**sizes, **overrides})
-    return save_model(root / "model", _train_reverser(cfg), cfg, files)
 
 
 def _sources(vocab: int, n: int = 16, seed: int = 1) -> list[list[int]]:

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    b.add_argument("--bf16", action="store_true", help="run the model under bfloat16 autocast")
+    b.add_argument("--bf16", action="store_true", help="run the model in bfloat16 (weights cast once; scores stay float32)")
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "

@@ -96,13 +96,19 @@ def model_device(model: Any) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def model_dtype(model: Any) -> torch.dtype:
+    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return p.dtype if p is not None else torch.float32
+
+
 def search_batched(model: Any, sources: Sequence[Sequence[int]], options: SearchOptions = SearchOptions(),
                    bf16: bool = False, progress: bool = False) -> list[list[Hypothesis]]:
     """Search every source (subword ids, no specials; must be non-empty) and return, in input
     order, its hypotheses best first (one for greedy, up to `options.nbest` for beam search).
 
     The model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
-    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast.
+    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
+    unless its weights are bf16 already.
     Sources must fit the model (`Translator.prepare` truncates). Progress (tqdm, stderr) counts
     sentences."""
     from tqdm import tqdm
@@ -112,8 +118,10 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     device = model_device(model)
     lengths = [len(s) + 1 for s in sources]  # + EOS
     results: list[list[Hypothesis]] = [[] for _ in sources]
-    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16
-                else nullcontext())
+    # A model whose weights are already bf16 (`Translator(bf16=True)`) runs as it is; autocast
+    # would re-cast fp32 weights at every decoding step, and run LayerNorm in fp32.
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+                if bf16 and model_dtype(model) != torch.bfloat16 else nullcontext())
     was_training = bool(getattr(model, "training", False))
     if was_training:
         model.eval()
@@ -150,10 +158,12 @@ class Translator:
         tr.translate_nbest(["A sentence."], 4)    # -> [[(score, text), ...]]
 
     `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
-    sent to `warn` (default: stderr). Other keyword arguments are `SearchOptions` fields.
+    sent to `warn` (default: stderr). `bf16` converts the loaded model's weights to bfloat16 in
+    place (`cast_weights=False`: run fp32 weights under bf16 autocast instead). Other keyword
+    arguments are `SearchOptions` fields.
     """
 
-    def __init__(self, loaded: Any, *, bf16: bool = False,
+    def __init__(self, loaded: Any, *, bf16: bool = False, cast_weights: bool = True,
                  max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
                  warn: Callable[[str], None] | None = None, **options: Any):
         self.loaded = loaded
@@ -163,6 +173,10 @@ class Translator:
         self.cfg = decoding_defaults(self.model)
         self.options = SearchOptions(**options).validate(self.cfg)
         self.bf16 = bf16
+        if bf16 and cast_weights and model_dtype(self.model) == torch.float32:
+            # Cast the weights once, in place (the translator owns a loaded model): half the
+            # memory, and no per-step casts. Log-softmax and scores stay float32.
+            self.model = self.model.to(torch.bfloat16)
         self.warn = warn or _warn_stderr
         limit = max_src_tokens
         if self.cfg.positions == "learned":
@@ -174,11 +188,13 @@ class Translator:
     @classmethod
     def for_model(cls, model: Any, src_tokenizer: Any, tgt_tokenizer: Any | None = None,
                   **kwargs: Any) -> "Translator":
-        """A translator for an in-memory model (e.g. dev BLEU during training)."""
+        """A translator for an in-memory model (e.g. dev BLEU during training); it never changes
+        the model's weights (bf16 then means autocast)."""
         from aiayn.model.io import LoadedModel
 
         tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
-        return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt), **kwargs)
+        return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt),
+                   cast_weights=False, **kwargs)
 
     # --- text <-> ids ------------------------------------------------------------------------
     def prepare(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:

@@ -7,7 +7,7 @@ keeps them, and the cross-attention keys/values of the encoder output, which nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ class KVCache:
     cross_v: Tensor
     src_mask: Tensor
     length: int = 0
+    # The buffers `reorder` writes into next (same shapes as self_k/self_v, contents stale).
+    _spare_k: Tensor | None = field(default=None, repr=False)
+    _spare_v: Tensor | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -64,29 +67,35 @@ class KVCache:
             return out
 
         self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
+        self._spare_k = self._spare_v = None  # the old capacity: no longer of use
 
     def reorder(self, index: Tensor, cross_index: Tensor | None | bool = True) -> None:
         """Select batch rows: row i of the result is row index[i] (beam search reorders
         hypotheses after each step, and expands each sentence to k beams at the start).
 
-        Only the filled positions [0, length) of the self-attention buffers are copied.
+        Only the filled positions [0, length) of the self-attention buffers are copied, once,
+        straight into a second pair of buffers that then swaps with the first (beam search
+        reorders at every step: a gather then a copy back would move the cache twice, and a
+        fresh buffer per step would cost page faults).
         `cross_index` selects the cross-attention rows: True (default) means `index`; None means
         leave them as they are, which is right when every row keeps its source sentence (the
         beams of one sentence share their cross keys/values); a tensor gives their own index."""
         t = self.length
 
-        def select(buf: Tensor) -> Tensor:
-            picked = buf[:, :, :, :t].index_select(1, index)  # (L, B', h, t, d)
-            if index.numel() == buf.size(1):
-                buf[:, :, :, :t] = picked
-                return buf
+        def select(buf: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
             shape = list(buf.shape)
             shape[1] = index.numel()
-            out = buf.new_empty(shape)  # positions >= t are written before they are read
-            out[:, :, :, :t] = picked
-            return out
+            if spare is None or list(spare.shape) != shape:
+                spare = buf.new_empty(shape)  # positions >= t are written before they are read
+            if buf.requires_grad and torch.is_grad_enabled():  # out= is not differentiable
+                spare = buf.new_empty(shape)
+                spare[:, :, :, :t] = buf[:, :, :, :t].index_select(1, index)
+            else:
+                torch.index_select(buf[:, :, :, :t], 1, index, out=spare[:, :, :, :t])  # (L, B', h, t, d)
+            return spare, (buf if buf.shape == spare.shape else None)
 
-        self.self_k, self.self_v = select(self.self_k), select(self.self_v)
+        self.self_k, self._spare_k = select(self.self_k, self._spare_k)
+        self.self_v, self._spare_v = select(self.self_v, self._spare_v)
         if cross_index is None:
             return
         ci = index if cross_index is True else cross_index
