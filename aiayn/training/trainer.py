@@ -296,9 +296,9 @@ class Trainer:
                 self.log.say(f"  config change on resume: {c}")
         self.log.say(
             f"training {count_parameters(cfg):,} parameters on {env.world_size} x {env.device.type}, "
-            f"{self.precision.name}{', compiled' if o.compile else ''}; update = {self.accum} x {self.batch_tokens} tokens x "
-            f"{env.world_size} rank(s) (target {cfg.max_tokens}); {len(self.sampler)} micro-batches "
-            f"per epoch per rank")
+            f"{self.precision.name}{', compiled' if o.compile else ''}; "
+            f"update = {self.accum} x {self.batch_tokens} tokens x {env.world_size} rank(s) "
+            f"(target {cfg.max_tokens}); {len(self.sampler)} micro-batches per epoch per rank")
         if env.is_main:
             run = {"config": cfg.to_dict(), "options": asdict(o), "data": str(self.info.directory),
                    "seed": self.seed, "world_size": env.world_size, "batch_tokens": self.batch_tokens,
