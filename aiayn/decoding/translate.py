@@ -91,13 +91,17 @@ def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | 
     return batches
 
 
+def _first_parameter(model: Any) -> torch.Tensor | None:
+    return next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+
+
 def model_device(model: Any) -> torch.device:
-    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    p = _first_parameter(model)
     return p.device if p is not None else torch.device("cpu")
 
 
 def model_dtype(model: Any) -> torch.dtype:
-    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    p = _first_parameter(model)
     return p.dtype if p is not None else torch.float32
 
 

@@ -11,6 +11,8 @@ training, `torch.nn.functional.dropout` is used unchanged (its fused kernel is a
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,9 +30,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor
     """A bool mask of `shape` keeping each element with probability ~(1 - p), and that exact
     probability. Uses the default generator (seeded by torch.manual_seed, saved on checkpoints)."""
     threshold, keep = keep_threshold(p)
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     # from=-2**63, to=None: all 64 bits random; plain random_() leaves the sign bit 0, which
     # would bias every fourth element
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
