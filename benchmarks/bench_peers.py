@@ -40,7 +40,8 @@ from aiayn.io import atomic_write  # noqa: E402
 PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
 SYSTEMS = ("aiayn", "torch", "marian", "fairseq", "opennmt", "ctranslate2")
 TRAIN_PRECISIONS = {s: ("fp32", "bf16") for s in ("aiayn", "torch", "marian", "fairseq", "opennmt")}
-PRECISION_ORDER = ("fp32", "bf16", "int8")
+TRAIN_PRECISIONS["aiayn"] += ("bf16w",)  # aiayn's option --precision bf16-weights
+PRECISION_ORDER = ("fp32", "bf16", "bf16w", "int8")
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF Marian",
          "fairseq": "fairseq", "opennmt": "OpenNMT-py", "ctranslate2": "CTranslate2"}
 # (warm-up steps, timed windows, steps per window) per config; --quick: one step, one window.
@@ -148,6 +149,7 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
             if "tok_per_s" not in d:
                 return None
             p = d.get("precision_resolved", r["precision"])
+            p = "bf16" if p.startswith("bf16") else p  # bf16-weights runs on the bf16 peak
             return d["tok_per_s"] * d["flops_per_tok"] / (peak[f"{p}_gflops"] * 1e9)
         if field == "rss_gb":
             return d["peak_rss_mb"] / 1024 if "peak_rss_mb" in d else None
@@ -166,6 +168,15 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
                  for _, k, d in cols]
         name = NAMES.get(r["system"], r["system"]) + (" (compiled)" if (r.get("train") or {}).get("compiled") else "")
         lines.append(f"| {name} | {r['precision']} | " + " | ".join(cells) + " |")
+    tok = {(r["system"], r["precision"]): (r.get("train") or {}).get("tok_per_s") for r in mine}
+    peers = {k: v for k, v in tok.items() if k[0] != "aiayn" and v}
+    if peers:
+        fastest = max(peers, key=peers.get)
+        lines.append("")
+        lines.append("Training against the fastest peer row, " + f"{NAMES[fastest[0]]} {fastest[1]} "
+                     f"({peers[fastest]:,.0f} tok/s): " + ", ".join(
+                         f"aiayn {p} {tok[('aiayn', p)] / peers[fastest]:.2f}x"
+                         for p in TRAIN_PRECISIONS["aiayn"] if tok.get(("aiayn", p))) + ".")
     failed = [f"{r['system']} {r['precision']} {part}: {r[part + '_error']}"
               for r in mine for part in ("train", "decode") if r.get(part + "_error")]
     if failed:
@@ -179,7 +190,10 @@ def render(res: dict) -> str:
              f"fp32 {peak['fp32_gflops']:.0f} GFLOP/s, bf16 {peak['bf16_gflops']:.0f} GFLOP/s. "
              "MFU = train tok/s x model FLOPs per target token / the peak of the row's precision. "
              "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16): above 1, aiayn "
-             "is faster, or for RSS uses more. aiayn's bf16 row is its default precision \"auto\"."]
+             "is faster, or for RSS uses more. aiayn's bf16 row is its default precision \"auto\" "
+             "(bf16 autocast); bf16w is its option `--precision bf16-weights` (a bf16 working copy "
+             "of the model, float32 master weights); each table ends with aiayn's training speed against the "
+             "fastest peer row."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
                     if r["config"] == c and r.get("train")), None)

@@ -14,6 +14,8 @@ with the same --seed:
   aiayn bf16 (auto)  `aiayn train`'s own step: Updater, Precision("auto"), which is bf16 autocast
                      on a CPU with native bf16 (fast dropout mask, fused label-smoothed loss);
   aiayn fp32         the same at precision fp32: same initial weights and dropout masks;
+  aiayn bf16w        the same with `--precision bf16-weights`: a bf16 working copy of the model,
+                     float32 master weights and Adam state (compared with the peers' bf16 rows);
   PEER p             the builders of benchmarks/train_systems.py, for every --precisions p.
 Model builders and update steps are train_systems.py's, fed real batches and a rate per step.
 
@@ -66,6 +68,7 @@ from bench_peers import NAMES, PEERS_PY, cpu_isa, cpu_model, versions, worker  #
 
 PEERS = ("torch", "fairseq", "marian", "opennmt")  # the peers train_systems.py can train
 PRECISIONS = ("fp32", "bf16")
+AIAYN_PRECISIONS = ("bf16", "fp32", "bf16w")  # bf16w: aiayn's --precision bf16-weights
 MAX_TOKENS = 4096  # tokens per side in one update, padding counted: the `tiny` preset's
 LOSS_EVERY = 50  # steps per point of the recorded training-loss curve
 
@@ -233,10 +236,11 @@ def fastest_peer(results_md: Path) -> str:
     return best
 
 
-def jobs_of(systems: list[str], precisions: list[str]) -> list[tuple[str, str]]:
-    """(system, precision) rows: aiayn's default (bf16 autocast via "auto") and fp32, then each
-    peer at each precision."""
-    return [("aiayn", "bf16"), ("aiayn", "fp32")] + [(s, p) for s in systems for p in precisions]
+def jobs_of(systems: list[str], precisions: list[str],
+            aiayn: tuple[str, ...] = AIAYN_PRECISIONS) -> list[tuple[str, str]]:
+    """(system, precision) rows: aiayn's default (bf16 autocast via "auto"), fp32 and its option
+    bf16-weights ("bf16w"), then each peer at each precision."""
+    return [("aiayn", p) for p in aiayn] + [(s, p) for s in systems for p in precisions]
 
 
 def _label(r: dict) -> tuple[str, str]:
@@ -249,6 +253,11 @@ def _label(r: dict) -> tuple[str, str]:
 
 def _aiayn_ref(rows: list[dict], precision: str) -> dict | None:
     return next((r for r in rows if r["system"] == "aiayn" and r["precision"] == precision), None)
+
+
+def _peer_precision(precision: str) -> str:
+    """The peers' precision an aiayn row is compared with: bf16-weights against their bf16."""
+    return "bf16" if precision == "bf16w" else precision
 
 
 def table(rows: list[dict]) -> str:
@@ -273,15 +282,17 @@ def verdict(rows: list[dict]) -> tuple[bool | None, list[str]]:
     """Whether aiayn's dev NLL is no worse than every peer row's at the same precision, and one
     line per comparison. None when there was nothing to compare."""
     lines, ok = [], []
-    for r in rows:
-        ref = _aiayn_ref(rows, r["precision"])
-        if r["system"] == "aiayn" or r.get("error") or ref is None or ref.get("error"):
-            continue
-        delta = ref["dev"]["fp32"]["nll"] - r["dev"]["fp32"]["nll"]
-        ok.append(delta <= 0)
-        word = "no worse than" if delta <= 0 else "WORSE than"
-        lines.append(f"aiayn {_label(ref)[1]} is {word} {_label(r)[0]} {r['precision']}: "
-                     f"dev NLL {delta:+.4f} nats/token (negative: aiayn lower)")
+    mine = [r for r in rows if r["system"] == "aiayn" and not r.get("error")]
+    for ref in mine:
+        for r in rows:
+            if (r["system"] == "aiayn" or r.get("error")
+                    or r["precision"] != _peer_precision(ref["precision"])):
+                continue
+            delta = ref["dev"]["fp32"]["nll"] - r["dev"]["fp32"]["nll"]
+            ok.append(delta <= 0)
+            word = "no worse than" if delta <= 0 else "WORSE than"
+            lines.append(f"aiayn {_label(ref)[1]} is {word} {_label(r)[0]} {r['precision']}: "
+                         f"dev NLL {delta:+.4f} nats/token (negative: aiayn lower)")
     return (all(ok) if ok else None), lines
 
 
@@ -316,6 +327,10 @@ def render(res: dict) -> str:
     if all(r and not r.get("error") for r in fp32_b16) and fp32_b16[1]["precision_resolved"] == "bf16":
         gap = fp32_b16[1]["dev"]["fp32"]["nll"] - fp32_b16[0]["dev"]["fp32"]["nll"]
         parts.append(f"aiayn bf16 - aiayn fp32 dev NLL: {gap:+.4f} (same seed: the cost of bf16).")
+    w, f32 = _aiayn_ref(res["rows"], "bf16w"), fp32_b16[0]
+    if w and f32 and not w.get("error") and not f32.get("error"):
+        gap = w["dev"]["fp32"]["nll"] - f32["dev"]["fp32"]["nll"]
+        parts.append(f"aiayn bf16-weights - aiayn fp32 dev NLL: {gap:+.4f} (same seed).")
     parts += lines
     if ok is not None:
         parts.append(f"Verdict: aiayn's dev NLL is {'no worse than' if ok else 'WORSE than'} "
@@ -359,7 +374,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="peers (default: the fastest TINY trainer in benchmarks/RESULTS.md, "
                         "else fairseq)")
     p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS,
-                   help="the peers' precisions (default both); aiayn always runs both")
+                   help="the peers' precisions (default both)")
     p.add_argument("--steps", type=int, default=300, help="updates per system (default 300)")
     p.add_argument("--warmup", type=int, default=4000, help="Eq. 3 warmup steps (default 4000)")
     p.add_argument("--seed", type=int, default=1, help="batch order and weights (default 1)")
@@ -371,7 +386,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dev-pairs", type=int, help="score only the first N dev pairs (smoke tests)")
     p.add_argument("--worker", choices=("aiayn", *PEERS),
                    help="train and score this one system here and print its row as JSON")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS, help="--worker's precision")
+    p.add_argument("--aiayn-precisions", nargs="+", default=list(AIAYN_PRECISIONS),
+                   choices=AIAYN_PRECISIONS, help="aiayn's rows (default all three; bf16w is "
+                   "--precision bf16-weights)")
+    p.add_argument("--precision", default="fp32", choices=AIAYN_PRECISIONS, help="--worker's precision")
     a = p.parse_args(argv)
     for name in ("steps", "warmup", "threads", "dev_pairs"):
         v = getattr(a, name)
@@ -396,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.dev_pairs:
         common += ["--dev-pairs", str(a.dev_pairs)]
     rows = []
-    jobs = jobs_of(systems, a.precisions)
+    jobs = jobs_of(systems, a.precisions, tuple(a.aiayn_precisions))
     for i, (s, prec) in enumerate(jobs, 1):
         say(f"[{i}/{len(jobs)}] {s} {prec}: {a.steps} steps ...")
         t0 = time.monotonic()

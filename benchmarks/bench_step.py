@@ -5,7 +5,9 @@ Variants, each a full update (forward, label-smoothed loss, backward, Adam) of o
               mean): what the step cost before the fast paths;
   +dropout    aiayn's dropout mask from 64-bit random words (aiayn/model/dropout.py);
   +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py): the
-              default step, what `aiayn train` runs.
+              default step, what `aiayn train` runs;
+  +bf16 weights  ...and `--precision bf16-weights` (aiayn/training/precision.py): a bf16 working
+              copy of the model instead of autocast, float32 master weights (bf16 runs only).
 Variants alternate step by step (reference, +dropout, +loss, reference, ...), so drift of the
 machine's speed hits them alike; each gets the same batches and the same starting weights. Prints
 target tokens/s per variant and the ratio to the reference.
@@ -103,10 +105,14 @@ def main() -> int:
     torch.manual_seed(1)
     base = Transformer(cfg)
     prec = Precision(args.precision, torch.device("cpu"))
+    if prec.name == "bf16":
+        names.append("+bf16 weights")
     updaters = {}
     for name in names:
         model = copy.deepcopy(base)
-        updaters[name] = Updater(model, build_optimizer(model.parameters(), cfg), cfg, prec, DistEnv())
+        p_name = Precision("bf16-weights", torch.device("cpu")) if name == "+bf16 weights" else prec
+        updaters[name] = Updater(p_name.training_model(model), build_optimizer(model.parameters(), cfg),
+                                 cfg, p_name, DistEnv())
     times: dict[str, list[float]] = {n: [] for n in names}
     tokens = 0
     for i, b in enumerate(batches):

@@ -31,7 +31,8 @@ embedding sums, none on attention weights or FFN activations, everywhere):
            relu; its own Optimizer wrapper around torch Adam.
 Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloat16)`) around the
 forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
-on a CPU with native bf16). Wrapping a peer's forward in autocast is our choice, not an option of
+on a CPU with native bf16); its bf16w row is its option `--precision bf16-weights` (the model's
+working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py). Wrapping a peer's forward in autocast is our choice, not an option of
 fairseq's or OpenNMT-py's (their bf16/fp16 switches are for GPUs).
 """
 
@@ -87,8 +88,13 @@ class System:
     extra: dict = field(default_factory=dict)
 
 
+# this harness's precision names -> aiayn's --precision; "bf16w" is aiayn's option bf16-weights (a
+# bf16 working copy of the model, fp32 master weights), which no peer offers
+AIAYN_PRECISIONS = {"fp32": "fp32", "bf16": "auto", "bf16w": "bf16-weights"}
+
+
 def autocast(precision: str):
-    if precision == "bf16":
+    if precision in ("bf16", "bf16w"):  # bf16w: evaluating the float32 masters as "bf16" does
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -147,9 +153,10 @@ def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 
     torch.manual_seed(seed)
     model = Transformer(cfg).to(env.device)
     torch.manual_seed(_rank_seed(seed, env.rank))
-    prec = Precision("auto" if precision == "bf16" else "fp32", env.device)
+    prec = Precision(AIAYN_PRECISIONS[precision], env.device)
     optimizer = build_optimizer(model.parameters(), cfg)
-    stepped = torch.compile(model, dynamic=True) if compile else model
+    stepped = prec.training_model(model)  # bf16w: the bf16 working copy; the optimizer keeps fp32
+    stepped = torch.compile(stepped, dynamic=True) if compile else stepped
     updater = Updater(stepped, optimizer, cfg, prec, env)
     counter = itertools.count(1)
     expected: list[float] = []  # the rate the caller set for the next step, if any
@@ -449,7 +456,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--system", required=True, choices=sorted(BUILDERS))
     p.add_argument("--config", default="tiny", choices=workload.CONFIGS)
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--precision", default="fp32", choices=tuple(AIAYN_PRECISIONS),
+                   help="bf16w: aiayn's --precision bf16-weights (aiayn only)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
     p.add_argument("--windows", type=int, default=3, help="timed windows (default 3)")
@@ -461,6 +469,8 @@ def main() -> int:
     a = p.parse_args()
     if a.compile and a.system != "aiayn":
         p.error("--compile is for --system aiayn (the peers run as their users run them)")
+    if a.precision == "bf16w" and a.system != "aiayn":
+        p.error("--precision bf16w is aiayn's own option (--precision bf16-weights)")
     torch.set_num_threads(a.threads)
     cfg = workload.model_config(a.config)
     batches = workload.training_batches()

@@ -5,16 +5,18 @@
 #   bash scripts/multi30k.sh                       # English -> German, 60 minutes of training
 #   SRC=de TGT=en bash scripts/multi30k.sh         # German -> English
 #   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
+#   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (README, experiments)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files; `aiayn download multi30k --out DIR`
-# fetches them. Settings come from the `multi30k` preset (chosen on val, see README).
+# fetches them. Settings come from the `multi30k-v2` preset (chosen on val, see README);
+# TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train` and `aiayn translate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}
 DATA=${DATA:-../shared/data/multi30k}
 OUT=${OUT:-runs/multi30k-$SRC-$TGT}
-PRESET=${PRESET:-multi30k}
+PRESET=${PRESET:-multi30k-v2}
 A=.venv/bin/aiayn
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped
@@ -25,7 +27,7 @@ $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$
     --save-minutes 2 --eval-every 500 --eval-bleu-sentences 300 $RESUME ${TRAIN_ARGS:-}
 $A average --run "$OUT/run" --last 5 --out "$OUT/model" --overwrite
 for split in valid test; do
-  $A translate --model "$OUT/model" --input "$OUT/data/$split.src.txt" --output "$OUT/$split.hyp" --overwrite
+  $A translate --model "$OUT/model" --input "$OUT/data/$split.src.txt" --output "$OUT/$split.hyp" --overwrite ${TRANSLATE_ARGS:-}
   $A evaluate --hyp "$OUT/$split.hyp" --ref "$OUT/data/$split.tgt.txt" --lang "$TGT" --json > "$OUT/$split.scores.json"
   $A evaluate --hyp "$OUT/$split.hyp" --ref "$OUT/data/$split.tgt.txt" --lang "$TGT" --lowercase --json > "$OUT/$split.scores-lc.json"
 done

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from aiayn.recipes.cmudict_data import load_cmudict, read_refs, split_words, write_g2p_corpus
 
@@ -50,6 +51,10 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     res = json.loads(r.stdout)
     assert 0.0 <= res["wer"] <= 1.0 and res["test_words"] == 30 and len(res["samples"]) == 10
     assert json.loads((out / "results.json").read_text())["wer"] == res["wer"]
+    # the final model averages the run's newest checkpoints (§6.1), the last one included
+    averaged = json.loads((out / "model" / "meta.json").read_text())["averaged_from"]
+    assert averaged and Path(averaged[-1]).resolve() == (out / "run" / "last").resolve()
+    assert "final model: the average of" in r.stderr
     # the saved model answers `aiayn translate` for a new word: phoneme symbols out
     t = subprocess.run([sys.executable, "-m", "aiayn", "translate", "--model", str(out / "model")],
                        input="hello\n\nworld\n", capture_output=True, text=True)

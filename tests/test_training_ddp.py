@@ -3,6 +3,7 @@ the same weights as one process that accumulates the same global batches."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -27,7 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_equal_one_process_accumulating(tmp_path):
+def run_both(tmp_path, precision: str):
+    """The same 12 updates by two processes (2 micro-batches each) and by one (4 micro-batches)."""
     data = tiny_dataset(tmp_path / "tiny")
     ds = ParallelDataset(data, "train")
     n_batches = len(TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, BATCH_TOKENS, seed=1).epoch_batches())
@@ -39,7 +41,7 @@ def test_two_processes_equal_one_process_accumulating(tmp_path):
     # keeps Adam's near-sign first steps from magnifying float rounding in near-zero gradients.
     common = ["--data", str(data), "--preset", "micro", "--set", *SMALL, "p_drop=0", "adam_eps=1e-4",
               "--max-steps", "12", "--batch-tokens", str(BATCH_TOKENS), "--save-every", "5",
-              "--eval-every", "6", "--eval-bleu-sentences", "2", "--threads", "1", "--precision", "fp32",
+              "--eval-every", "6", "--eval-bleu-sentences", "2", "--threads", "1", "--precision", precision,
               "--no-tensorboard", "--no-progress", "--save-minutes", "1000"]
     port = str(free_port())
     procs = []
@@ -61,16 +63,24 @@ def test_two_processes_equal_one_process_accumulating(tmp_path):
             raise
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
-    assert "dev loss" in outs[0][1] and "done:" in outs[0][1]
-    assert "dev loss" not in outs[1][1] and "done:" not in outs[1][1]  # only rank 0 reports
 
     torch_threads = torch.get_num_threads()
     try:
         assert cli_main(["train", "--out", str(tmp_path / "one"), "--accum", "4", *common]) == 0
     finally:
         torch.set_num_threads(torch_threads)
+    return tmp_path / "ddp", tmp_path / "one", outs
 
-    ddp, one = tmp_path / "ddp", tmp_path / "one"
+
+def losses(run):
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"train"' in line]
+
+
+def test_two_processes_equal_one_process_accumulating(tmp_path):
+    ddp, one, outs = run_both(tmp_path, "fp32")
+    assert "dev loss" in outs[0][1] and "done:" in outs[0][1]
+    assert "dev loss" not in outs[1][1] and "done:" not in outs[1][1]  # only rank 0 reports
     assert [s for s, _ in list_checkpoints(ddp)] == [s for s, _ in list_checkpoints(one)] == [5, 10, 12]
     state = torch.load(ddp / "last" / TRAINER_STATE, weights_only=True)
     assert state["run"]["world_size"] == 2 and len(state["ranks"]) == 2  # every rank's RNG state
@@ -81,10 +91,19 @@ def test_two_processes_equal_one_process_accumulating(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5, msg=k)
     assert any(not torch.equal(a[k], init[k]) for k in a)  # it did train
     # the loss normalisation saw the same global batches: same per-token losses logged
-    import json
-
-    def losses(run):
-        return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-                if '"train"' in line]
-
     assert losses(ddp) == pytest.approx(losses(one), rel=1e-5)
+
+
+def test_bf16_weights_under_ddp_sums_every_micro_batch(tmp_path):
+    """bf16-weights with DDP: the working copy keeps its gradients until the last micro-batch's
+    backward all-reduces them, so two processes still follow one process within bf16 rounding
+    (moving the first micro-batch's gradient out early would leave it unreduced, one rank's only)."""
+    ddp, one, _ = run_both(tmp_path, "bf16-weights")
+    a = load_file(str(ddp / "last" / "model.safetensors"))
+    b = load_file(str(one / "last" / "model.safetensors"))
+    mid = load_file(str(one / "checkpoints" / "step_000005" / "model.safetensors"))
+    assert {v.dtype for v in a.values()} == {torch.float32}
+    diff = sum(float((a[k] - b[k]).pow(2).sum()) for k in a) ** 0.5
+    moved = sum(float((b[k] - mid[k]).pow(2).sum()) for k in a) ** 0.5
+    assert moved > 0 and diff < 0.1 * moved, (diff, moved)
+    assert losses(ddp) == pytest.approx(losses(one), rel=2e-2)

@@ -255,3 +255,21 @@ def test_epoch_limit_and_time_budget(data, tmp_path):
     s = train(small_cfg(), data, tmp_path / "t", quiet(time_budget=0.002))  # 0.12 seconds
     assert s["stopped_by"] == "time_budget" and 0 < s["steps"] < small_cfg().max_steps
     assert s["checkpoint"] and Path(s["checkpoint"]).is_dir()
+
+
+def test_bf16_weights_run_learns_saves_float32_and_resumes_exactly(data, tmp_path):
+    """--precision bf16-weights through the trainer: the training loss falls, checkpoints hold the
+    float32 master weights, and stopping then resuming gives exactly the uninterrupted weights."""
+    opts = dict(precision="bf16-weights", eval_every=0, save_every=5)
+    whole = train(small_cfg(), data, tmp_path / "whole", quiet(max_steps=30, **opts))
+    assert whole["precision"] == "bf16-weights" and whole["steps"] == 30
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "whole" / "metrics.jsonl")
+              .read_text().splitlines() if '"train"' in line]
+    assert losses[-1] < losses[0] - 0.5
+    train(small_cfg(), data, tmp_path / "split", quiet(max_steps=15, **opts))
+    train(None, data, tmp_path / "split", quiet(max_steps=30, resume=True, **opts))
+    a = load_file(str(tmp_path / "whole" / "last" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "last" / "model.safetensors"))
+    assert {v.dtype for v in a.values()} == {torch.float32}
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

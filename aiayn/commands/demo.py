@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.training import PRECISIONS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/g2p-demo", help="work directory (default runs/g2p-demo)")
@@ -13,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training time budget in minutes (default 7.5: the whole demo stays "
                         "under 10 minutes on 2 cores)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    p.add_argument("--precision", default="auto", choices=list(PRECISIONS),
                    help="training arithmetic (default auto: bf16 where the CPU has native bf16)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--retrain", action="store_true",

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from aiayn.training import PRECISIONS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -34,8 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--batch-tokens; on --resume the run's)")
     g.add_argument("--batch-tokens", type=int, metavar="T",
                    help="tokens per side in one micro-batch (memory); default max_tokens / (accum x processes)")
-    g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="auto: bf16 on GPU, fp32 on CPU; fp16 (loss scaling) needs a GPU")
+    g.add_argument("--precision", default="auto", choices=list(PRECISIONS),
+                   help="auto: bf16 autocast on a GPU and on a CPU with native bf16, else fp32; "
+                        "fp16 (loss scaling) needs a GPU; bf16-weights (not the default): a bf16 "
+                        "working copy of the model with float32 master weights, faster on CPU")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (faster after about a minute of compiling)")
     g.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")

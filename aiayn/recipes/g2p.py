@@ -1,8 +1,8 @@
 """The offline demo: grapheme-to-phoneme conversion on CMUdict, end to end on a CPU.
 
 corpus (split by word, stress removed) -> `prepare` (characters in, phoneme symbols out: separate
-vocabularies) -> `train` for a time budget -> beam search on the held-out words -> word and
-phoneme error rates. The saved model then answers `aiayn translate` for any word.
+vocabularies) -> `train` for a time budget -> average the last checkpoints (§6.1) -> beam search
+on the held-out words -> word and phoneme error rates. The saved model then answers `aiayn translate` for any word.
 
 Re-running reuses what is done: a finished model is evaluated again; an interrupted training run
 (killed, or out of time) resumes from its last checkpoint.
@@ -11,29 +11,28 @@ Re-running reuses what is done: a finished model is evaluated again; an interrup
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
 from aiayn.config import load_config
-from aiayn.io import atomic_write, write_dir_atomically
+from aiayn.io import atomic_write
 
 # Words not in CMUdict, to show the model generalising.
 NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
 
 
-def _export_model(run_dir: Path, model_dir: Path) -> None:
-    """Copy the run's last checkpoint (weights, config, tokenizers; no trainer state) as a
-    plain model directory."""
-    last = (run_dir / "last").resolve()
+def _final_model(run_dir: Path, model_dir: Path) -> list[str]:
+    """Average the run's newest checkpoints, up to the config's n_average (§6.1), into a plain
+    model directory (weights, config, tokenizers; no trainer state). Returns their names."""
+    from aiayn.model.io import read_config
+    from aiayn.training.average import average_checkpoints
+    from aiayn.training.checkpoint import list_checkpoints
 
-    def fill(tmp: Path) -> None:
-        for f in last.iterdir():
-            if f.is_file() and f.name != "trainer_state.pt":
-                shutil.copyfile(f, tmp / f.name)
-
-    write_dir_atomically(model_dir, fill)
+    ckpts = [d for _, d in list_checkpoints(run_dir)]
+    chosen = ckpts[-read_config(ckpts[-1]).n_average:]
+    average_checkpoints(chosen, model_dir, overwrite=True)
+    return [p.name for p in chosen]
 
 
 def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
@@ -85,11 +84,15 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
         resume = (run / "last").exists() and not retrain
         cfg = load_config(preset, overrides=overrides)
         log(f"{'resuming' if resume else 'training'} preset {preset} for up to {minutes:g} minutes")
+        # A checkpoint every 1/30 of the budget, so the n_average (5) averaged at the end span its
+        # last sixth. Measured on the validation words of the 30-minute run (README): averaging
+        # the last 4 minutes beat the last checkpoint by 1.2 points of WER, the last 8 by 0.35.
         summary = train(None if resume else cfg, data, run, TrainOptions(
             time_budget=minutes, eval_every=500, eval_bleu_sentences=0, seed=seed,
             threads=threads, precision=precision, resume=resume, overwrite=retrain, progress=progress,
-            save_minutes=2.0, tensorboard=True))
-        _export_model(run, model)
+            save_minutes=max(minutes / 30, 0.1), tensorboard=True))
+        averaged = _final_model(run, model)
+        log(f"final model: the average of {len(averaged)} checkpoints ({', '.join(averaged)})")
     else:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
         log(f"reusing the trained model in {model} (pass --retrain to train again)")

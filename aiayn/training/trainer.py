@@ -211,11 +211,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), cfg)
         if state is not None:
             self._restore(state)
-        self.ddp = self.model
+        # what the step runs: the model, or its bf16 working copy (precision bf16-weights); either
+        # way evaluation and checkpoints use `self.model`, which holds the float32 weights
+        self.ddp = self.precision.training_model(self.model)
         if options.compile:
             # dynamic: batches change shape every step; one graph with symbolic (B, T) instead of a
             # recompile per shape. Evaluation and saving use the eager `self.model` (same weights).
-            self.ddp = torch.compile(self.model, dynamic=True)
+            self.ddp = torch.compile(self.ddp, dynamic=True)
         if env.distributed:
             self.ddp = dist_.wrap_ddp(self.ddp, env)
         self.updater = Updater(self.ddp, self.optimizer, cfg, self.precision, env)
