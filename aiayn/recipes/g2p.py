@@ -2,7 +2,8 @@
 
 corpus (split by word, stress removed) -> `prepare` (characters in, phoneme symbols out: separate
 vocabularies) -> `train` for a time budget -> average the last checkpoints (§6.1) -> beam search
-on the held-out words -> word and phoneme error rates. The saved model then answers `aiayn translate` for any word.
+on the held-out words -> word and phoneme error rates. The saved model then answers
+`aiayn translate` for any word.
 
 Re-running reuses what is done: a finished model is evaluated again; an interrupted training run
 (killed, or out of time) resumes from its last checkpoint.

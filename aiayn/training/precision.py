@@ -25,8 +25,6 @@ from torch import nn
 from aiayn.errors import UserError
 from aiayn.training import PRECISIONS
 
-CHOICES = PRECISIONS
-
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: bf16 matrix products several times faster than fp32 (2.5x with
@@ -41,8 +39,8 @@ def resolve(precision: str, device: torch.device) -> str:
     """"auto" is bf16 autocast on a GPU that supports it (else fp16), and on a CPU with native
     bf16 instructions (else fp32). The paper trained in fp32; bf16 autocast keeps fp32 weights,
     optimizer state, softmax and loss, so only products run at lower precision."""
-    if precision not in CHOICES:
-        raise UserError(f"unknown precision {precision!r}; choose from {', '.join(CHOICES)}")
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
     if precision == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
