@@ -192,8 +192,8 @@ def render(res: dict) -> str:
              "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16): above 1, aiayn "
              "is faster, or for RSS uses more. aiayn's bf16 row is its default precision \"auto\" "
              "(bf16 autocast); bf16w is its option `--precision bf16-weights` (a bf16 working copy "
-             "of the model, float32 master weights); each table ends with aiayn's training speed against the "
-             "fastest peer row."]
+             "of the model, float32 master weights); each table ends with aiayn's training speed "
+             "against the fastest peer row."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
                     if r["config"] == c and r.get("train")), None)

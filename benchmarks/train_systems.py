@@ -32,8 +32,9 @@ embedding sums, none on attention weights or FFN activations, everywhere):
 Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloat16)`) around the
 forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
 on a CPU with native bf16); its bf16w row is its option `--precision bf16-weights` (the model's
-working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py). Wrapping a peer's forward in autocast is our choice, not an option of
-fairseq's or OpenNMT-py's (their bf16/fp16 switches are for GPUs).
+working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py).
+Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or OpenNMT-py's
+(their bf16/fp16 switches are for GPUs).
 """
 
 from __future__ import annotations
