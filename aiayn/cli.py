@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from aiayn.errors import UserError
+from aiayn.memory import tune_memory
 
 # name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
 # pay for importing the trainer.
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_memory()  # before anything imports torch (aiayn/memory.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
