@@ -29,7 +29,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aiayn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description=__doc__.splitlines()[0],
+        epilog="environment: AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default memory settings "
+               "(aiayn/memory.py; by default freed memory stays in the process and large tensors "
+               "use huge pages, for faster CPU training)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (mod, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,10 +1,9 @@
-"""Process-wide CPU memory settings that keep a long training run from page-faulting its time away.
+"""Process-wide CPU memory settings that keep a training run from page-faulting its time away.
 
 PyTorch's CPU allocator hands every tensor to the C library's malloc and back on every step. With
-glibc's defaults a training step of `multi30k` faulted in ~56,000 fresh 4 KiB pages (freed memory
-went back to the kernel and was faulted in again on the next step: glibc trims the heap top, and
-mmaps the largest tensors), and the heap fragmented as the run went on: tokens/s fell from 5,700 to
-4,800 over an hour while RSS grew to 5.4 GB. Two settings remove most of it:
+glibc's defaults a training step of `multi30k` faulted in ~56,000 fresh 4 KiB pages: freed memory
+went back to the kernel (glibc trims the heap top and mmaps the largest tensors) and was faulted in
+again on the next step. Two settings remove most of it:
 
   - glibc keeps freed memory in the process (no trimming, a 256 MiB pad when the heap grows, a
     fixed 32 MiB threshold for mmapping one allocation) so steady-state steps reuse warm pages;
@@ -12,9 +11,11 @@ mmaps the largest tensors), and the heap fragmented as the run went on: tokens/s
     512x fewer faults for the rest, fewer TLB misses).
 
 Measured on this repo's CPU machine (2 cores, `benchmarks/bench_memory.py`): 25x fewer page
-faults, ~20% more training tokens/s, lower peak RSS. The `aiayn` command applies them at startup;
-Python API users call `tune_memory()` before the first `import torch`. `AIAYN_TUNE_MEMORY=0` turns
-them off. They change speed and memory only, never results.
+faults and ~20% more training tokens/s, from the first minute to the last of an hour's run (the
+slow decline of tokens/s over a long run is something else: it remains, in the same proportion).
+The `aiayn` command applies them at startup; Python API users call `tune_memory()` before the
+first `import torch`. `AIAYN_TUNE_MEMORY=0` turns them off. They change speed and memory only,
+never results.
 """
 
 from __future__ import annotations

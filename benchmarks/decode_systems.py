@@ -408,6 +408,9 @@ def main() -> int:
         return 0
     if args.system is None:
         p.error("--system is required")
+    if args.system == "aiayn":  # as `aiayn translate` runs (aiayn/memory.py); torch not loaded yet
+        from aiayn.memory import tune_memory
+        tune_memory()
     try:
         result = run(args.system, args.config, args.precision, args.threads, args.reps,
                      args.sentences, max(1, args.warmup), args.seed)

@@ -33,7 +33,9 @@ Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloa
 forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
 on a CPU with native bf16); its bf16w row is its option `--precision bf16-weights` (the model's
 working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py).
-Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or OpenNMT-py's
+aiayn's rows run with aiayn/memory.py's process settings (glibc malloc keeps freed memory, torch
+uses transparent huge pages), as every `aiayn` command does; the peers run with the defaults their
+users get. Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or OpenNMT-py's
 (their bf16/fp16 switches are for GPUs).
 """
 
@@ -56,9 +58,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from aiayn.memory import tune_memory
+
+# aiayn runs as `aiayn train` does, with aiayn/memory.py's settings, which must precede torch's load
+_argv = " ".join(sys.argv[1:]) + " "
+if "--system aiayn " in _argv or "--system=aiayn " in _argv:
+    tune_memory()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -1,0 +1,78 @@
+"""What aiayn/memory.py's process-wide settings buy: `aiayn train` with them and without them
+(AIAYN_TUNE_MEMORY=0), the same preset, data, seed and time budget, runs alternating (A B A B ...)
+so drift of the machine's speed hits both alike. Prints, per variant, training target tokens/s,
+minor page faults per update and peak RSS, and the ratio tuned/default.
+
+    .venv/bin/python benchmarks/bench_memory.py --data runs/multi30k-en-de/data --minutes 1.5
+    .venv/bin/python benchmarks/bench_memory.py --data DIR --preset tiny --repeats 3
+
+Each run is a fresh process (the settings must precede torch's first allocation), with no dev
+evaluation and no checkpoint until the end. A run of a few minutes shows the per-step effect; the
+slow decline of a long run's speed without the settings shows only over tens of minutes (compare
+the tokens/s curves of two long runs' metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_run(data: str, preset: str, minutes: float, tuned: bool, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "aiayn", "train", "--data", data, "--out", str(out), "--preset", preset,
+           "--time-budget", str(minutes), "--eval-every", "0", "--eval-bleu-sentences", "0",
+           "--save-minutes", "100000", "--no-tensorboard", "--no-progress", "--overwrite"]
+    env = {**os.environ, "AIAYN_TUNE_MEMORY": "1" if tuned else "0"}
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own page faults and peak RSS
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"bench_memory: `{' '.join(cmd)}` failed:\n{err[-2000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"tok_s": summary["tgt_tokens_per_s"], "steps": summary["steps"], "usage": usage}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="a dataset made by aiayn prepare")
+    p.add_argument("--preset", default="multi30k-v2")
+    p.add_argument("--minutes", type=float, default=1.5, help="training time per run (default 1.5)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per variant (default 2)")
+    args = p.parse_args()
+    if not (Path(args.data) / "manifest.json").exists():
+        sys.exit(f"bench_memory: {args.data}: not a dataset made by aiayn prepare (no manifest.json)")
+    rows: dict[str, list[dict]] = {"default": [], "tuned": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            for name in ("default", "tuned"):
+                r = one_run(args.data, args.preset, args.minutes, name == "tuned", Path(tmp) / f"{name}{i}")
+                rows[name].append(r)
+                print(f"run {i + 1}/{args.repeats} {name:>7}: {r['tok_s']:,.0f} tok/s, {r['steps']} updates",
+                      file=sys.stderr)
+    print(f"\n{args.preset} on {args.data}, {args.minutes} min per run, {args.repeats} runs per variant, "
+          f"{os.cpu_count()} CPUs\n")
+    print(f"{'':10}{'tok/s':>10}{'faults/update':>15}{'peak RSS GB':>13}")
+    summary = {}
+    for name, runs in rows.items():
+        tok_s = statistics.mean(r["tok_s"] for r in runs)
+        faults = statistics.mean(r["usage"].ru_minflt / max(r["steps"], 1) for r in runs)
+        rss = max(r["usage"].ru_maxrss for r in runs) / 2**20  # ru_maxrss is in KiB on Linux
+        summary[name] = (tok_s, faults, rss)
+        print(f"{name:10}{tok_s:>10,.0f}{faults:>15,.0f}{rss:>13.2f}")
+    (t, f, m), (t0, f0, m0) = summary["tuned"], summary["default"]
+    print(f"\ntuned / default: tokens/s {t / t0:.2f}x, page faults {f / max(f0, 1e-9):.3f}x, "
+          f"peak RSS {m / m0:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""aiayn/memory.py: the process-wide malloc and huge-page settings. Each case runs in a fresh
+interpreter, because the settings are per process and must come before torch's first allocation."""
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aiayn.memory import tune_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                                reason="the settings exist on Linux with glibc only")
+
+
+def run_python(code: str, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "AIAYN_TUNE_MEMORY")}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         env={**environ, **env}, cwd=ROOT, check=True)
+    return out.stdout.strip()
+
+
+def test_turned_off_changes_nothing():
+    environ = {"AIAYN_TUNE_MEMORY": "0"}
+    assert tune_memory(environ) == []
+    assert environ == {"AIAYN_TUNE_MEMORY": "0"}
+
+
+@glibc_only
+def test_applies_both_before_torch_and_respects_a_user_setting():
+    code = """
+        import os
+        from aiayn.memory import tune_memory
+        print(tune_memory(), os.environ.get("THP_MEM_ALLOC_ENABLE"))
+    """
+    assert run_python(code) == "['THP_MEM_ALLOC_ENABLE', 'mallopt'] 1"
+    assert run_python(code, THP_MEM_ALLOC_ENABLE="0") == "['mallopt'] 0"
+    # after torch: huge pages can no longer be switched on, so they are not claimed
+    late = "import torch\n" + textwrap.dedent(code)
+    assert run_python(late) == "['mallopt'] None"
+
+
+@glibc_only
+def test_the_cli_applies_them_at_startup():
+    code = """
+        import contextlib, io, os
+        from aiayn.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(["info", "--preset", "micro"])
+        print(os.environ.get("THP_MEM_ALLOC_ENABLE"))
+    """
+    assert run_python(code) == "1"
+    assert run_python(code, AIAYN_TUNE_MEMORY="0") == "None"
+
+
+@glibc_only
+def test_steady_state_steps_stop_page_faulting():
+    # A step that allocates and frees ~56 MiB of tensors, like a training step: with glibc's
+    # defaults the heap top goes back to the kernel after each step and is faulted in again.
+    code = """
+        import resource, sys
+        from aiayn.memory import tune_memory
+        tune_memory()
+        import torch
+        torch.set_num_threads(1)
+        def step():
+            x = torch.ones(1024, 2048)  # 8 MiB
+            ys = [x * i for i in range(6)]  # all alive at once, freed together
+            return sum(y.sum() for y in ys)
+        for _ in range(5):
+            step()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(20):
+            step()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+    default = int(run_python(code, AIAYN_TUNE_MEMORY="0"))
+    tuned = int(run_python(code))
+    assert default > 20 * 2048  # the default really re-faults (at least one 8 MiB tensor a step)
+    assert tuned * 10 < default, (tuned, default)
