@@ -11,7 +11,7 @@ again on the next step. Two settings remove most of it:
     512x fewer faults for the rest, fewer TLB misses).
 
 Measured on this repo's CPU machine (2 cores, `benchmarks/bench_memory.py`): 25x fewer page
-faults and ~20% more training tokens/s, from the first minute to the last of an hour's run (the
+faults and 14-20% more training tokens/s, from the first minute to the last of an hour's run (the
 slow decline of tokens/s over a long run is something else: it remains, in the same proportion).
 The `aiayn` command applies them at startup; Python API users call `tune_memory()` before the
 first `import torch`. `AIAYN_TUNE_MEMORY=0` turns them off. They change speed and memory only,
@@ -29,9 +29,9 @@ OPT_OUT = "AIAYN_TUNE_MEMORY"
 # mallopt(3) parameter numbers, from glibc's malloc.h
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _GLIBC_SETTINGS = {
-    _M_MMAP_THRESHOLD: 32 << 20,  # glibc's largest allowed value; larger tensors are mmapped (and THP-backed)
-    _M_TRIM_THRESHOLD: 2**31 - 1,  # (the largest int) never give the heap top back to the kernel
-    _M_TOP_PAD: 256 << 20,        # grow the heap in large steps
+    _M_MMAP_THRESHOLD: 32 << 20,  # glibc's largest; bigger tensors are mmapped (and THP-backed)
+    _M_TRIM_THRESHOLD: 2**31 - 1,  # the largest int: never give the heap top back to the kernel
+    _M_TOP_PAD: 256 << 20,  # grow the heap in large steps
 }
 
 

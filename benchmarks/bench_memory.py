@@ -7,9 +7,8 @@ minor page faults per update and peak RSS, and the ratio tuned/default.
     .venv/bin/python benchmarks/bench_memory.py --data DIR --preset tiny --repeats 3
 
 Each run is a fresh process (the settings must precede torch's first allocation), with no dev
-evaluation and no checkpoint until the end. A run of a few minutes shows the per-step effect; the
-slow decline of a long run's speed without the settings shows only over tens of minutes (compare
-the tokens/s curves of two long runs' metrics.jsonl).
+evaluation and no checkpoint until the end. Over a whole run, compare the tokens/s of two runs'
+metrics.jsonl instead (README: EN→DE runs 3 and 4).
 """
 
 from __future__ import annotations
