@@ -61,8 +61,9 @@ from typing import Callable
 from aiayn.memory import tune_memory
 
 # aiayn runs as `aiayn train` does, with aiayn/memory.py's settings, which must precede torch's load
-_argv = " ".join(sys.argv[1:]) + " "
-if "--system aiayn " in _argv or "--system=aiayn " in _argv:
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--system")
+if _early.parse_known_args()[0].system == "aiayn":
     tune_memory()
 
 import torch  # noqa: E402
