@@ -60,6 +60,11 @@ class Config:
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
 
+    # BPE-dropout (Provilkov et al. 2020), not in the paper: every epoch re-segments the training
+    # text, skipping each BPE merge with this probability (sentencepiece's sampling), so words are
+    # seen in many segmentations; dev/test and decoding keep the fixed one. Needs a BPE vocabulary.
+    p_bpe_drop: float = 0.0
+
     # --- training, §5 ------------------------------------------------------------------------
     eps_ls: float = 0.1  # label smoothing (§5.4)
     warmup_steps: int = 4000  # Eq. 3
@@ -95,7 +100,7 @@ class Config:
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             raise bad(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                       "give d_k and d_v explicitly")
-        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "eps_ls"):
+        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "p_bpe_drop", "eps_ls"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")

@@ -29,8 +29,9 @@ def pair(rng: random.Random) -> tuple[str, str]:
     return " ".join(words), " ".join(reversed(words)).translate(TABLE)
 
 
-def tiny_dataset(root: Path, n_train: int = 400, n_valid: int = 40, seed: int = 0) -> Path:
-    """A prepared dataset directory (character vocabulary of 25 ids) at root/data."""
+def tiny_dataset(root: Path, n_train: int = 400, n_valid: int = 40, seed: int = 0, **prepare) -> Path:
+    """A prepared dataset directory at root/data: a character vocabulary of 25 ids, or what the
+    `PrepareOptions` fields in `prepare` ask for (e.g. model_type="bpe")."""
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     splits = {}
@@ -40,7 +41,8 @@ def tiny_dataset(root: Path, n_train: int = 400, n_valid: int = 40, seed: int = 
         (root / f"{name}.yy").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
         splits[name] = ParallelSource(root / f"{name}.xx", root / f"{name}.yy")
     out = root / "data"
-    prepare_dataset(out, splits, PrepareOptions("xx", "yy", vocab_size=25, model_type="char"))
+    options = {"vocab_size": 25, "model_type": "char", **prepare}
+    prepare_dataset(out, splits, PrepareOptions("xx", "yy", **options))
     return out
 
 

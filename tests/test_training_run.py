@@ -64,6 +64,10 @@ def test_dev_loss_falls_and_everything_is_logged(trained):
     train_recs = [r for r in records if r["kind"] == "train"]
     assert train_recs[0]["step"] == 1 and train_recs[-1]["step"] == 120
     assert train_recs[-1]["loss"] < train_recs[0]["loss"]
+    elapsed = [r["elapsed"] for r in train_recs]
+    assert elapsed == sorted(elapsed) and elapsed[0] > 0  # seconds since training started
+    assert all(0 <= r["data_share"] < 1 for r in train_recs)
+    assert all(0.05 < r["rss_gb"] < 64 for r in train_recs)  # this test process: torch and all
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert summary["steps"] == 120 and summary["stopped_by"] == "max_steps"
     assert summary["train_flops"] == pytest.approx(summary["flops_per_target_token"] * summary["tgt_tokens"])

@@ -11,7 +11,8 @@ target output) or BOS (target input), i.e. pieces + 1.
 How: pairs are sorted by k = max(src_len, tgt_len) + 1, then by tgt_len - src_len (see
 `sort_key`) to waste less padding on the shorter side, with ties in random order; the sorted run is
 cut greedily into the largest batches with B * k_max <= max_tokens (which implies both budgets).
-Because the sorted sequence of k is the same every epoch, so are the cut points and the batch count; each epoch
+Because the sorted sequence of k is the same every epoch, so are the cut points and the batch count
+(unless the text is re-segmented every epoch: `aiayn.data.resegment`, BPE-dropout); each epoch
 changes which equal-length pairs share a batch and the order of the batches. Everything is a
 function of (seed, epoch): deterministic, and resumable from `state_dict()` = {epoch, position}.
 
@@ -107,13 +108,25 @@ def split_for_ranks(bounds: np.ndarray, k_sorted: np.ndarray, world_size: int) -
 # --- the sampler --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One epoch's lengths (pieces, no EOS/BOS), sort keys and batch boundaries (see `cut_points`)."""
+
+    src: np.ndarray
+    tgt: np.ndarray
+    k: np.ndarray
+    secondary: np.ndarray
+    bounds: np.ndarray
+
+
 class TokenBatchSampler:
     """Batches (numpy arrays of pair indices) for one rank, epoch after epoch.
 
     Iterating yields the rest of the current epoch from `position`; a new `iter()` after a finished
     epoch starts the next one. `len()` is the number of batches per epoch for this rank (the same
-    for every epoch and every rank). `state_dict()` counts the batches handed out: with a
-    prefetching loader, save the number the trainer consumed instead.
+    for every rank; the same for every epoch unless a subclass re-segments the text per epoch, as
+    `aiayn.data.resegment.ResegmentingSampler` does). `state_dict()` counts the batches handed
+    out: with a prefetching loader, save the number the trainer consumed instead.
     """
 
     def __init__(
@@ -143,18 +156,28 @@ class TokenBatchSampler:
         self.max_tokens, self.seed, self.shuffle = int(max_tokens), int(seed), shuffle
         self.rank, self.world_size = rank, world_size
         self.epoch, self.position = int(epoch), 0
-        self._k, self._secondary = sort_key(src, tgt)
-        too_big = np.flatnonzero(self._k > max_tokens)
-        if len(too_big) and not allow_oversize:
+        self.allow_oversize = allow_oversize
+        self._fixed = self._plan(src, tgt)
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def _plan(self, src: np.ndarray, tgt: np.ndarray) -> _Layout:
+        k, secondary = sort_key(src, tgt)
+        too_big = np.flatnonzero(k > self.max_tokens)
+        if len(too_big) and not self.allow_oversize:
             i = int(too_big[0])
             raise UserError(
                 f"pair {i} has {src[i] + 1} source / {tgt[i] + 1} target tokens with EOS/BOS, more "
-                f"than max_tokens={max_tokens} ({len(too_big)} such pairs); raise max_tokens or re-run "
-                f"aiayn prepare with --max-len {max_tokens - 1}"
+                f"than max_tokens={self.max_tokens} ({len(too_big)} such pairs); raise max_tokens or "
+                f"re-run aiayn prepare with --max-len {self.max_tokens - 1}"
             )
-        k_sorted = np.sort(self._k)
-        self._bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens), k_sorted, world_size)
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        k_sorted = np.sort(k)
+        bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens), k_sorted, self.world_size)
+        return _Layout(src, tgt, k, secondary, bounds)
+
+    def layout(self, epoch: int) -> _Layout:
+        """The lengths and cut points of `epoch`: the same every epoch here; a subclass whose
+        segmentation changes per epoch (BPE-dropout) plans each epoch anew."""
+        return self._fixed
 
     # --- one epoch ------------------------------------------------------------------------------
 
@@ -163,9 +186,10 @@ class TokenBatchSampler:
         with `all_ranks`, for all ranks interleaved (batch b belongs to rank b % world_size)."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is None or self._cache[0] != epoch:
+            lay = self.layout(epoch)
             rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-            order = length_order(self._k, self._secondary, rng)
-            batches = np.split(order, self._bounds[1:-1])
+            order = length_order(lay.k, lay.secondary, rng)
+            batches = np.split(order, lay.bounds[1:-1])
             if rng is not None:
                 batches = [batches[j] for j in rng.permutation(len(batches))]
             self._cache = (epoch, batches)
@@ -173,7 +197,8 @@ class TokenBatchSampler:
         return batches if all_ranks else batches[self.rank :: self.world_size]
 
     def __len__(self) -> int:
-        return (len(self._bounds) - 1) // self.world_size
+        """Batches per rank in the current epoch."""
+        return (len(self.layout(self.epoch).bounds) - 1) // self.world_size
 
     def __iter__(self) -> Iterator[np.ndarray]:
         if self.position >= len(self):
@@ -191,8 +216,9 @@ class TokenBatchSampler:
     def padding_fraction(self) -> float:
         """Share of the padded src+tgt tensor cells (all ranks, current epoch) that are PAD."""
         real = padded = 0
+        lay = self.layout(self.epoch)
         for idx in self.epoch_batches(all_ranks=True):
-            s, t = self.src_lengths[idx] + 1, self.tgt_lengths[idx] + 1
+            s, t = lay.src[idx] + 1, lay.tgt[idx] + 1
             real += int(s.sum() + t.sum())
             padded += len(idx) * int(s.max() + t.max())
         return 1.0 - real / padded if padded else 0.0
@@ -210,10 +236,11 @@ class TokenBatchSampler:
         for key in ("seed", "max_tokens", "world_size", "n_pairs"):
             if key in state and state[key] != mine[key]:
                 raise UserError(f"cannot resume batches: saved with {key}={state[key]}, now {mine[key]}")
-        position = int(state["position"])
-        if not 0 <= position <= len(self):
-            raise UserError(f"cannot resume batches: position {position} outside 0..{len(self)}")
-        self.epoch, self.position = int(state["epoch"]), position
+        epoch, position = int(state["epoch"]), int(state["position"])
+        n = (len(self.layout(epoch).bounds) - 1) // self.world_size
+        if not 0 <= position <= n:
+            raise UserError(f"cannot resume batches: position {position} outside 0..{n}")
+        self.epoch, self.position = epoch, position
 
 
 # --- tensors ------------------------------------------------------------------------------------

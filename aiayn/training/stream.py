@@ -28,7 +28,9 @@ class BatchStream:
                 self._it = iter(s)
             idx = next(self._it, None)
             if idx is not None:
-                return collate(self.dataset, idx).to(self.device)
+                # with BPE-dropout the sampler holds this epoch's segmentation of the text
+                data = self.sampler.epoch_data() if hasattr(self.sampler, "epoch_data") else self.dataset
+                return collate(data, idx).to(self.device)
             self._it = None  # the epoch is over: the next iter() starts the next one
 
     @property

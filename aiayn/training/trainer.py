@@ -128,6 +128,15 @@ def _reconcile(saved: Config, wanted: Config | None, where: Path) -> tuple[Confi
     return wanted, changed
 
 
+def _rss_gb() -> float | None:
+    """This process's resident memory now, in GB (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _rank_seed(seed: int, rank: int) -> int:
     """Dropout seed of a rank: independent streams per rank, derived from the run's seed."""
     return int(np.random.SeedSequence([seed, rank, 17]).generate_state(1, np.uint64)[0] >> 1)
@@ -189,9 +198,12 @@ class Trainer:
         else:
             self.batch_tokens, self.accum = batch_plan(cfg.max_tokens, env.world_size, options.accum,
                                                        options.batch_tokens)
-        self.sampler = TokenBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
-                                         self.batch_tokens, seed=self.seed, rank=env.rank,
-                                         world_size=env.world_size)
+        if cfg.p_bpe_drop > 0:
+            self.sampler = self._bpe_dropout_sampler()
+        else:
+            self.sampler = TokenBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
+                                             self.batch_tokens, seed=self.seed, rank=env.rank,
+                                             world_size=env.world_size)
 
         # --- model, optimizer, precision ---------------------------------------------------------
         import random
@@ -244,6 +256,20 @@ class Trainer:
                 ckpt.clear_run(run)
             dist_.barrier(self.env)
         return None
+
+    def _bpe_dropout_sampler(self) -> Any:
+        """Batches over a new BPE-dropout segmentation of the training text every epoch."""
+        from aiayn.data.resegment import Resegmenter, ResegmentingSampler
+
+        opts = self.info.manifest.get("options", {})
+        types = {opts.get("model_type"), opts.get("tgt_model_type") or opts.get("model_type")}
+        if types != {"bpe"}:
+            raise UserError(f"p_bpe_drop={self.cfg.p_bpe_drop} needs a BPE vocabulary; "
+                            f"{self.info.directory} was prepared with {' and '.join(sorted(map(str, types)))}")
+        reseg = Resegmenter(self.train_set, self.cfg.p_bpe_drop, self.seed,
+                            max_pieces=min(int(opts.get("max_len") or 10**9), self.batch_tokens - 1))
+        return ResegmentingSampler(reseg, self.batch_tokens, seed=self.seed, rank=self.env.rank,
+                                   world_size=self.env.world_size)
 
     def _dev_split(self) -> Any:
         from aiayn.data.dataset import ParallelDataset
@@ -301,6 +327,11 @@ class Trainer:
             f"{self.precision.name}{', compiled' if o.compile else ''}; "
             f"update = {self.accum} x {self.batch_tokens} tokens x {env.world_size} rank(s) "
             f"(target {cfg.max_tokens}); {len(self.sampler)} micro-batches per epoch per rank")
+        if cfg.p_bpe_drop > 0:
+            pairs, prepared = self.sampler.epoch_data(), self.sampler.resegmenter.prepared
+            ratio = (len(pairs.src_ids) + len(pairs.tgt_ids)) / (len(prepared.src_ids) + len(prepared.tgt_ids))
+            self.log.say(f"BPE-dropout {cfg.p_bpe_drop}: training text re-segmented every epoch "
+                         f"(this epoch {ratio:.2f}x the prepared pieces)")
         if env.is_main:
             run = {"config": cfg.to_dict(), "options": asdict(o), "data": str(self.info.directory),
                    "seed": self.seed, "world_size": env.world_size, "batch_tokens": self.batch_tokens,
@@ -324,6 +355,7 @@ class Trainer:
         bar = tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
                    disable=not (o.progress and env.is_main), dynamic_ncols=True)
         win_secs, win_tokens = 0.0, 0  # time in updates (batching included) and tokens since the last log
+        win_data = 0.0  # of which building batches
         try:
             while True:
                 if self.max_steps is not None and self.step >= self.max_steps:
@@ -334,6 +366,7 @@ class Trainer:
                     break
                 t0 = time.monotonic()
                 micro = [b for b in (stream.next() for _ in range(self.accum)) if b is not None]
+                win_data += time.monotonic() - t0
                 if not micro:
                     stopped_by = "max_epochs"
                     break
@@ -363,8 +396,9 @@ class Trainer:
                 win_tokens += r.tgt_tokens
                 bar.update(1)
                 if self.step % o.log_every == 0 or self.step == 1:
-                    self._log_train(window, win_tokens / max(win_secs, 1e-9), stream.epochs_done, bar)
-                    window, win_secs, win_tokens = [], 0.0, 0
+                    self._log_train(window, win_tokens / max(win_secs, 1e-9), stream.epochs_done, bar,
+                                    data_share=win_data / max(win_secs, 1e-9))
+                    window, win_secs, win_tokens, win_data = [], 0.0, 0, 0.0
                 done = self.max_steps is not None and self.step >= self.max_steps
                 if o.eval_every and self.step % o.eval_every == 0 and not done:
                     self._evaluate()
@@ -389,13 +423,20 @@ class Trainer:
             stop, save = bool(flags[0]), bool(flags[1])
         return {"stop": stop, "save": save}
 
-    def _log_train(self, window: list[UpdateResult], tok_per_s: float, epochs: float, bar) -> None:
+    def _log_train(self, window: list[UpdateResult], tok_per_s: float, epochs: float, bar,
+                   data_share: float) -> None:
         n = sum(r.tgt_tokens for r in window)
         loss = sum(r.loss * r.tgt_tokens for r in window) / max(n, 1)
         nll = sum(r.nll * r.tgt_tokens for r in window) / max(n, 1)
         last = window[-1]
         values = {"loss": loss, "nll": nll, "ppl": math.exp(min(nll, 700)), "lr": last.lr,
-                  "grad_norm": last.grad_norm, "tgt_tokens_per_s": tok_per_s, "epoch": epochs}
+                  "grad_norm": last.grad_norm, "tgt_tokens_per_s": tok_per_s, "epoch": epochs,
+                  # where the time and memory go: seconds since this process started training,
+                  # the share of update time spent building batches, resident memory
+                  "elapsed": time.monotonic() - self._t_start, "data_share": data_share}
+        rss = _rss_gb()
+        if rss is not None:
+            values["rss_gb"] = rss
         self.log.record("train", self.step, **values)
         post = dict(loss=f"{loss:.3f}", lr=f"{last.lr:.2e}", tok_s=f"{tok_per_s:.0f}", ep=f"{epochs:.2f}")
         if self.options.time_budget is not None:  # the bar's own ETA counts steps, not minutes
