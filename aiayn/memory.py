@@ -10,14 +10,6 @@ again on the next step. Two settings remove most of it:
   - PyTorch backs allocations of 2 MiB and more with transparent huge pages (THP_MEM_ALLOC_ENABLE;
     512x fewer faults for the rest, fewer TLB misses).
 
-A third setting concerns oneDNN, which runs PyTorch's bf16 matrix products on CPU: it builds (JIT
-compiles) a kernel for every new matrix shape, ~5 ms each here, and keeps the last 1,024 in a cache.
-A training run meets one shape per distinct B*T and weight matrix and pass (forward, both
-gradients): ~56 distinct B*T on Multi30k, which fit, but ~200 with BPE-dropout (its segmentations
-change the lengths every epoch), ~3,600 kernels, which thrash the cache. `tune_memory` raises the
-capacity to 16,384 (ONEDNN_PRIMITIVE_CACHE_CAPACITY, read when oneDNN starts; a user setting wins):
-BPE-dropout training went from 5,664 to 6,117 tokens/s in 3-minute runs, plain training unchanged.
-
 Measured on this repo's CPU machine (2 cores, `benchmarks/bench_memory.py`): 25x fewer page
 faults and 14-20% more training tokens/s, from the first minute to the last of an hour's run (the
 slow decline of tokens/s over a long run is something else: it remains, in the same proportion).
@@ -36,7 +28,6 @@ OPT_OUT = "AIAYN_TUNE_MEMORY"
 
 # mallopt(3) parameter numbers, from glibc's malloc.h
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-PRIMITIVE_CACHE = "16384"  # oneDNN kernels kept (its default: 1024)
 _GLIBC_SETTINGS = {
     _M_MMAP_THRESHOLD: 32 << 20,  # glibc's largest; bigger tensors are mmapped (and THP-backed)
     _M_TRIM_THRESHOLD: 2**31 - 1,  # the largest int: never give the heap top back to the kernel
@@ -55,9 +46,6 @@ def tune_memory(environ=os.environ) -> list[str]:
         # c10 reads it once, at its first CPU allocation; an explicit user setting wins
         if "torch" not in sys.modules and environ.setdefault("THP_MEM_ALLOC_ENABLE", "1") == "1":
             applied.append("THP_MEM_ALLOC_ENABLE")
-        if "torch" not in sys.modules and environ.setdefault(
-                "ONEDNN_PRIMITIVE_CACHE_CAPACITY", PRIMITIVE_CACHE) == PRIMITIVE_CACHE:
-            applied.append("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
         if _glibc_mallopt(_GLIBC_SETTINGS):
             applied.append("mallopt")
     return applied

@@ -17,8 +17,7 @@ glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or platform
 
 
 def run_python(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "AIAYN_TUNE_MEMORY",
-                                                                "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    environ = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "AIAYN_TUNE_MEMORY")}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          env={**environ, **env}, cwd=ROOT, check=True)
     return out.stdout.strip()
@@ -35,16 +34,13 @@ def test_applies_both_before_torch_and_respects_a_user_setting():
     code = """
         import os
         from aiayn.memory import tune_memory
-        print(tune_memory(), os.environ.get("THP_MEM_ALLOC_ENABLE"),
-              os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"))
+        print(tune_memory(), os.environ.get("THP_MEM_ALLOC_ENABLE"))
     """
-    both = "'THP_MEM_ALLOC_ENABLE', 'ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'mallopt'"
-    assert run_python(code) == f"[{both}] 1 16384"
-    assert run_python(code, THP_MEM_ALLOC_ENABLE="0") == "['ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'mallopt'] 0 16384"
-    assert run_python(code, ONEDNN_PRIMITIVE_CACHE_CAPACITY="64") == "['THP_MEM_ALLOC_ENABLE', 'mallopt'] 1 64"
-    # after torch: neither can be switched on any more, so they are not claimed
+    assert run_python(code) == "['THP_MEM_ALLOC_ENABLE', 'mallopt'] 1"
+    assert run_python(code, THP_MEM_ALLOC_ENABLE="0") == "['mallopt'] 0"
+    # after torch: huge pages can no longer be switched on, so they are not claimed
     late = "import torch\n" + textwrap.dedent(code)
-    assert run_python(late) == "['mallopt'] None None"
+    assert run_python(late) == "['mallopt'] None"
 
 
 @glibc_only
