@@ -196,9 +196,12 @@ class TokenBatchSampler:
         batches = self._cache[1]
         return batches if all_ranks else batches[self.rank :: self.world_size]
 
+    def batches_per_rank(self, epoch: int) -> int:
+        return (len(self.layout(epoch).bounds) - 1) // self.world_size
+
     def __len__(self) -> int:
         """Batches per rank in the current epoch."""
-        return (len(self.layout(self.epoch).bounds) - 1) // self.world_size
+        return self.batches_per_rank(self.epoch)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         if self.position >= len(self):
@@ -237,7 +240,7 @@ class TokenBatchSampler:
             if key in state and state[key] != mine[key]:
                 raise UserError(f"cannot resume batches: saved with {key}={state[key]}, now {mine[key]}")
         epoch, position = int(state["epoch"]), int(state["position"])
-        n = (len(self.layout(epoch).bounds) - 1) // self.world_size
+        n = self.batches_per_rank(epoch)
         if not 0 <= position <= n:
             raise UserError(f"cannot resume batches: position {position} outside 0..{n}")
         self.epoch, self.position = epoch, position

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.data.batching import TokenBatchSampler, _Layout
+from aiayn.data.prepare import offsets_of
 from aiayn.data.tokenizer import Tokenizer
 
 
@@ -57,11 +58,8 @@ class SegmentedPairs:
 
 
 def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
-    offsets = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    ids = np.fromiter(itertools.chain.from_iterable(rows), np.int64, count=int(offsets[-1]))
-    return ids, offsets
+    offsets = offsets_of(np.fromiter(map(len, rows), np.int64, count=len(rows)))
+    return np.fromiter(itertools.chain.from_iterable(rows), np.int64, count=int(offsets[-1])), offsets
 
 
 class Resegmenter:
