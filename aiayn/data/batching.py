@@ -109,7 +109,7 @@ def split_for_ranks(bounds: np.ndarray, k_sorted: np.ndarray, world_size: int) -
 
 
 @dataclass(frozen=True)
-class _Layout:
+class EpochLayout:
     """One epoch's lengths (pieces, no EOS/BOS), sort keys and batch boundaries (see `cut_points`)."""
 
     src: np.ndarray
@@ -160,7 +160,7 @@ class TokenBatchSampler:
         self._fixed = self._plan(src, tgt)
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
-    def _plan(self, src: np.ndarray, tgt: np.ndarray) -> _Layout:
+    def _plan(self, src: np.ndarray, tgt: np.ndarray) -> EpochLayout:
         k, secondary = sort_key(src, tgt)
         too_big = np.flatnonzero(k > self.max_tokens)
         if len(too_big) and not self.allow_oversize:
@@ -172,9 +172,9 @@ class TokenBatchSampler:
             )
         k_sorted = np.sort(k)
         bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens), k_sorted, self.world_size)
-        return _Layout(src, tgt, k, secondary, bounds)
+        return EpochLayout(src, tgt, k, secondary, bounds)
 
-    def layout(self, epoch: int) -> _Layout:
+    def layout(self, epoch: int) -> EpochLayout:
         """The lengths and cut points of `epoch`: the same every epoch here; a subclass whose
         segmentation changes per epoch (BPE-dropout) plans each epoch anew."""
         return self._fixed

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.data.batching import TokenBatchSampler, _Layout
+from aiayn.data.batching import EpochLayout, TokenBatchSampler
 from aiayn.data.prepare import offsets_of
 from aiayn.data.tokenizer import Tokenizer
 
@@ -112,11 +112,11 @@ class ResegmentingSampler(TokenBatchSampler):
         if resegmenter.max_pieces > max_tokens - 1:
             raise ValueError("resegmenter.max_pieces must leave room for EOS/BOS within max_tokens")
         self.resegmenter = resegmenter
-        self._planned: tuple[int, _Layout] | None = None
+        self._planned: tuple[int, EpochLayout] | None = None
         prepared = resegmenter.prepared
         super().__init__(prepared.src_lengths, prepared.tgt_lengths, max_tokens, **kwargs)
 
-    def layout(self, epoch: int) -> _Layout:
+    def layout(self, epoch: int) -> EpochLayout:
         if self._planned is None or self._planned[0] != epoch:
             pairs = self.resegmenter.epoch(epoch)
             self._planned = (epoch, self._plan(pairs.src_lengths, pairs.tgt_lengths))
