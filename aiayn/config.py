@@ -70,6 +70,11 @@ class Config:
     warmup_steps: int = 4000  # Eq. 3
     max_steps: int = 100_000  # base 100K, big 300K (§5.2)
     lr_scale: float = 1.0  # multiplier on Eq. 3; 1.0 is the paper
+    # Not in the paper (off by default): over this last fraction of the run the rate of Eq. 3 falls
+    # linearly to 0 (the "cooldown" of warmup-stable-decay schedules, Hägele et al. 2024), so a
+    # short run ends at a low rate instead of Eq. 3's still-high one. The run's length is
+    # max_steps, or the time budget when a run is given minutes (aiayn.training.schedule).
+    lr_cooldown: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -100,7 +105,7 @@ class Config:
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             raise bad(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                       "give d_k and d_v explicitly")
-        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "p_bpe_drop", "eps_ls"):
+        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "p_bpe_drop", "eps_ls", "lr_cooldown"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")

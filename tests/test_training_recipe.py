@@ -18,7 +18,8 @@ from aiayn.training.distributed import DistEnv
 from aiayn.training import loss as loss_module
 from aiayn.training.loss import label_smoothed_loss, label_smoothed_mean
 from aiayn.training.precision import Precision, cpu_has_native_bf16, resolve
-from aiayn.training.schedule import build_optimizer, learning_rate, lr_at, peak_learning_rate
+from aiayn.training.schedule import (build_optimizer, cooldown_factor, learning_rate, lr_at,
+                                     peak_learning_rate)
 from aiayn.training.step import Updater
 from aiayn.training.trainer import batch_plan
 
@@ -135,6 +136,36 @@ def test_schedule_is_equation_3():
     assert lr_at(replace(cfg, lr_scale=0.5), 7) == pytest.approx(0.5 * learning_rate(7, 512, 4000))
     with pytest.raises(ValueError):
         learning_rate(0, d, w)
+
+
+def test_cooldown_factor():
+    # off: Eq. 3 unchanged at every point of the run
+    assert all(cooldown_factor(p, 0.0) == 1.0 for p in (0.0, 0.5, 0.99, 1.0, 3.0))
+    # the last 20%: flat, then a straight line from 1 at progress 0.8 down to 0 at 1
+    for p, want in ((0.0, 1.0), (0.5, 1.0), (0.8, 1.0), (0.85, 0.75), (0.9, 0.5), (0.95, 0.25),
+                    (1.0, 0.0), (1.3, 0.0)):
+        assert cooldown_factor(p, 0.2) == pytest.approx(want, abs=1e-12), p
+    assert cooldown_factor(0.0, 0.999) == 1.0 and cooldown_factor(0.5, 0.999) < 0.51
+    with pytest.raises(ValueError):
+        cooldown_factor(-0.1, 0.2)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UserError, match="lr_cooldown"):
+            replace(get_preset("base"), lr_cooldown=bad)
+
+
+def test_update_applies_the_cooldown_factor():
+    cfg = tiny_cfg()
+    g = torch.Generator().manual_seed(4)
+    src, tgt = random_batch(g, 4, 6, 6)
+    (a, ua), (b, ub) = updater_for(cfg), updater_for(cfg)
+    r = ua.update([B(src, tgt)], step=5, lr_factor=0.25)
+    assert r.lr == pytest.approx(0.25 * lr_at(cfg, 5))
+    ub.update([B(src, tgt)], step=5)
+    # Adam's first step moves each weight by about lr: a quarter of the rate, a quarter of the move
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), updater_for(cfg)[0].parameters()):
+        moved_a, moved_b = (pa - p0).abs().sum().item(), (pb - p0).abs().sum().item()
+        if moved_b > 0:
+            assert moved_a == pytest.approx(0.25 * moved_b, rel=1e-3), name
 
 
 def test_adam_has_the_papers_settings():

@@ -261,6 +261,67 @@ def test_epoch_limit_and_time_budget(data, tmp_path):
     assert s["checkpoint"] and Path(s["checkpoint"]).is_dir()
 
 
+def train_records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"train"' in line]
+
+
+def test_time_budget_counts_the_whole_run(data, tmp_path):
+    """A resumed run trains for what is left of its minutes, as --max-steps counts all updates."""
+    run = tmp_path / "r"
+    s = train(small_cfg(), data, run, quiet(time_budget=0.005, eval_every=0))  # 0.3 seconds
+    assert s["stopped_by"] == "time_budget" and s["steps"] > 0
+    again = train(None, data, run, quiet(time_budget=0.005, resume=True, eval_every=0))
+    assert again["stopped_by"] == "time_budget" and again["steps"] == s["steps"]
+    more = train(None, data, run, quiet(time_budget=0.02, resume=True, eval_every=0))
+    assert more["steps"] > s["steps"]
+
+
+def test_cooldown_over_steps_follows_the_schedule_and_resumes_exactly(data, tmp_path, monkeypatch):
+    from aiayn.training.schedule import cooldown_factor, lr_at
+
+    cfg = small_cfg("lr_cooldown=0.5")
+    opts = dict(eval_every=0, save_every=5, log_every=1)
+    whole = train(cfg, data, tmp_path / "whole", quiet(max_steps=20, **opts))
+    assert whole["steps"] == 20
+    lrs = {r["step"]: r["lr"] for r in train_records(tmp_path / "whole")}
+    assert sorted(lrs) == list(range(1, 21))
+    for step, lr in lrs.items():  # progress before update `step` is (step - 1) / 20
+        assert lr == pytest.approx(lr_at(cfg, step) * cooldown_factor((step - 1) / 20, 0.5)), step
+    assert lrs[10] == pytest.approx(lr_at(cfg, 10)) and lrs[20] == pytest.approx(lr_at(cfg, 20) / 10)
+    # a 20-step run that dies after update 10 (checkpoint at 10), then resumes: bit for bit
+    real = step_module.Updater.update
+
+    def dies_at_11(self, micro, step, lr_factor=1.0):
+        if step == 11:
+            raise KeyboardInterrupt
+        return real(self, micro, step, lr_factor)
+
+    monkeypatch.setattr(step_module.Updater, "update", dies_at_11)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data, tmp_path / "split", quiet(max_steps=20, **opts))
+    monkeypatch.setattr(step_module.Updater, "update", real)
+    assert [st for st, _ in list_checkpoints(tmp_path / "split")] == [5, 10]
+    train(None, data, tmp_path / "split", quiet(max_steps=20, resume=True, **opts))
+    a = load_file(str(tmp_path / "whole" / "last" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "last" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cooldown_over_minutes_lowers_the_rate_towards_the_end(data, tmp_path):
+    from aiayn.training.schedule import lr_at
+
+    cfg = small_cfg("lr_cooldown=0.9")
+    run = tmp_path / "t"
+    s = train(cfg, data, run, quiet(time_budget=0.01, eval_every=0, log_every=1))  # 0.6 seconds
+    assert s["stopped_by"] == "time_budget" and s["steps"] > 5
+    recs = train_records(run)
+    ratios = [r["lr"] / lr_at(cfg, r["step"]) for r in recs]
+    assert all(0 <= x <= 1 + 1e-9 for x in ratios)
+    assert ratios[0] > 0.9 and ratios[-1] < 0.5  # the clock, not the steps, drives it down
+    assert all(a >= b - 1e-9 for a, b in zip(ratios, ratios[1:]))
+
+
 def test_bf16_weights_run_learns_saves_float32_and_resumes_exactly(data, tmp_path):
     """--precision bf16-weights through the trainer: the training loss falls, checkpoints hold the
     float32 master weights, and stopping then resuming gives exactly the uninterrupted weights."""

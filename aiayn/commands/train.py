@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("how long")
     g.add_argument("--max-steps", type=int, metavar="N", help="updates to train (sets max_steps)")
     g.add_argument("--max-epochs", type=int, metavar="N", help="passes over the training data")
-    g.add_argument("--time-budget", type=float, metavar="MINUTES", help="stop after this much time")
+    g.add_argument("--time-budget", type=float, metavar="MINUTES",
+                   help="stop after this many minutes of training in the whole run (a resumed run "
+                        "trains for what is left)")
     g = p.add_argument_group("batches and numerics")
     g.add_argument("--accum", type=int, metavar="N",
                    help="micro-batches per update per process (default: from max_tokens and "

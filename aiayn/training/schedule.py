@@ -9,6 +9,11 @@ step; the two branches meet at step = warmup_steps, the peak d_model^-0.5 * warm
 `step` counts optimizer updates from 1. `Config.lr_scale` multiplies the whole curve (1.0 is the
 paper). The trainer sets each update's rate itself (`set_lr`) from its own step counter, which is
 saved in the trainer state, so there is no scheduler object whose state could drift.
+
+`Config.lr_cooldown` (not in the paper, off by default) multiplies Eq. 3 by `cooldown_factor`,
+which falls linearly from 1 to 0 over the last fraction of the run. The trainer measures how far
+the run is (`progress`, 0 at the start, 1 at the end) in updates against max_steps, or in minutes
+against the time budget, whichever is further along.
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0
 def lr_at(cfg: Config, step: int) -> float:
     """Eq. 3 with the config's d_model, warmup_steps and lr_scale."""
     return learning_rate(step, cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
+
+
+def cooldown_factor(progress: float, fraction: float) -> float:
+    """The multiplier on Eq. 3 at `progress` (share of the run done before this update, >= 0):
+    1 until 1 - `fraction`, then linear down to 0 at progress 1; always 1 when `fraction` is 0."""
+    if progress < 0:
+        raise ValueError(f"progress must be >= 0, got {progress}")
+    if fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / fraction))
 
 
 def peak_learning_rate(cfg: Config) -> float:

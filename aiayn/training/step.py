@@ -77,10 +77,11 @@ class Updater:
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
 
-    def update(self, micro_batches: Sequence[Any], step: int) -> UpdateResult:
+    def update(self, micro_batches: Sequence[Any], step: int, lr_factor: float = 1.0) -> UpdateResult:
         """Forward/backward every micro-batch of this rank, then one optimizer step at schedule
-        step `step` (>= 1) unless the loss or the gradients are not finite. Every rank must call
-        this with the same number of micro-batches (>= 1)."""
+        step `step` (>= 1), at Eq. 3's rate times `lr_factor` (the cooldown's), unless the loss or
+        the gradients are not finite. Every rank must call this with the same number of
+        micro-batches (>= 1) and the same `lr_factor`."""
         env, prec = self.env, self.precision
         counts = [batch_tokens(b) for b in micro_batches]
         totals = torch.tensor([sum(c[0] for c in counts), sum(c[1] for c in counts)],
@@ -114,7 +115,7 @@ class Updater:
             prec.scaler.unscale_(self.optimizer)
         norm = grad_norm(self.params)
         norm_f = float(norm)
-        lr = lr_at(self.cfg, step)
+        lr = lr_at(self.cfg, step) * lr_factor
         reason = ""
         if not math.isfinite(loss_tok):
             reason = "non-finite loss"

@@ -9,7 +9,10 @@ follows: accum = ceil(max_tokens / (batch_tokens * world_size)).
 
 Stopping: after `cfg.max_steps` updates (`--max-steps` sets it), or after `max_epochs` passes over
 the data, or after `time_budget` minutes, whichever comes first; when an epoch limit or a time
-budget is given without a step limit, the step limit is off.
+budget is given without a step limit, the step limit is off. Like the step count, the minutes
+count the whole run: a resumed run trains for what is left of its budget. With
+`Config.lr_cooldown` the rate falls to 0 towards whichever of those limits is nearest
+(`schedule.cooldown_factor`; in minutes it depends on the clock, so such a resume is not bit-exact).
 
 What a run writes into RUN_DIR (rank 0 only): checkpoints (see aiayn.training.checkpoint),
 run.json (config and options), metrics.jsonl (one JSON record per line: "train", "dev", "skip"
@@ -39,7 +42,7 @@ from aiayn.training.average import ARCH_FIELDS
 from aiayn.training.logs import RunLog, format_summary
 from aiayn.training.stream import BatchStream
 from aiayn.training.precision import Precision
-from aiayn.training.schedule import build_optimizer
+from aiayn.training.schedule import build_optimizer, cooldown_factor
 from aiayn.training.step import Updater, UpdateResult
 
 
@@ -53,7 +56,7 @@ class TrainOptions:
 
     max_steps: int | None = None  # sets cfg.max_steps (also on resume)
     max_epochs: int | None = None
-    time_budget: float | None = None  # minutes of training (evaluation and saving included)
+    time_budget: float | None = None  # minutes of training, the whole run (evaluation, saving included)
     eval_every: int = 1000  # updates between dev evaluations; 0: only at the end
     eval_bleu_sentences: int = 200  # greedy-decoded dev sentences for BLEU; 0: no BLEU; -1: all
     save_every: int | None = None  # updates between checkpoints
@@ -346,6 +349,7 @@ class Trainer:
         self._describe()
         stream = BatchStream(self.sampler, self.train_set, env.device, o.max_epochs)
         t_start = self._t_start = time.monotonic()
+        self._wall_before = float(self.metrics.get("wall_seconds", 0.0))  # earlier sessions of this run
         last_save_time = t_start
         window: list[UpdateResult] = []
         streak = 0
@@ -360,7 +364,7 @@ class Trainer:
             while True:
                 if self.max_steps is not None and self.step >= self.max_steps:
                     break
-                flags = self._agree(t_start, last_save_time)
+                flags = self._agree(last_save_time, stream.epochs_done)
                 if flags["stop"]:
                     stopped_by = "time_budget"
                     break
@@ -370,7 +374,8 @@ class Trainer:
                 if not micro:
                     stopped_by = "max_epochs"
                     break
-                r = self.updater.update(micro, self.step + 1)
+                r = self.updater.update(micro, self.step + 1,
+                                        cooldown_factor(flags["progress"], self.cfg.lr_cooldown))
                 dt = time.monotonic() - t0
                 self.metrics["train_seconds"] += dt
                 win_secs += dt
@@ -410,18 +415,37 @@ class Trainer:
             bar.close()
         return self._finish(stopped_by, time.monotonic() - t_start)
 
-    def _agree(self, t_start: float, last_save: float) -> dict[str, bool]:
-        """Rank 0's clock decides time-based stops and saves; every rank learns the decision."""
+    def _elapsed(self) -> float:
+        """Seconds of this run's training so far, earlier sessions of a resumed run included."""
+        return self._wall_before + time.monotonic() - self._t_start
+
+    def _progress(self, elapsed: float, epochs: float) -> float:
+        """How far the run is (0 to 1) towards the nearest of its limits: steps, epochs, minutes."""
+        o, parts = self.options, [0.0]
+        if self.max_steps is not None:
+            parts.append(self.step / self.max_steps)
+        if o.max_epochs is not None:
+            parts.append(epochs / o.max_epochs)
+        if o.time_budget is not None:
+            parts.append(elapsed / (o.time_budget * 60))
+        return max(parts)
+
+    def _agree(self, last_save: float, epochs: float) -> dict[str, Any]:
+        """Rank 0's clock decides time-based stops, saves and the run's progress (which sets the
+        cooldown's rate); every rank learns the decision."""
         o = self.options
-        now = time.monotonic()
-        stop = o.time_budget is not None and now - t_start >= o.time_budget * 60
-        save = o.save_minutes is not None and now - last_save >= o.save_minutes * 60 and self.step > 0
-        if self.env.distributed and (o.time_budget is not None or o.save_minutes is not None):
-            flags = torch.tensor([float(stop), float(save)] if self.env.is_main else [0.0, 0.0],
-                                 device=self.env.device)
+        elapsed = self._elapsed()
+        stop = o.time_budget is not None and elapsed >= o.time_budget * 60
+        save = (o.save_minutes is not None and time.monotonic() - last_save >= o.save_minutes * 60
+                and self.step > 0)
+        progress = self._progress(elapsed, epochs)
+        if self.env.distributed and (o.time_budget is not None or o.save_minutes is not None
+                                     or self.cfg.lr_cooldown > 0):
+            mine = [float(stop), float(save), progress] if self.env.is_main else [0.0, 0.0, 0.0]
+            flags = torch.tensor(mine, dtype=torch.float64, device=self.env.device)
             dist_.all_reduce(flags, self.env, "max")
-            stop, save = bool(flags[0]), bool(flags[1])
-        return {"stop": stop, "save": save}
+            stop, save, progress = bool(flags[0]), bool(flags[1]), float(flags[2])
+        return {"stop": stop, "save": save, "progress": progress}
 
     def _log_train(self, window: list[UpdateResult], tok_per_s: float, epochs: float, bar,
                    data_share: float) -> None:
@@ -433,14 +457,14 @@ class Trainer:
                   "grad_norm": last.grad_norm, "tgt_tokens_per_s": tok_per_s, "epoch": epochs,
                   # where the time and memory go: seconds since this process started training,
                   # the share of update time spent building batches, resident memory
-                  "elapsed": time.monotonic() - self._t_start, "data_share": data_share}
+                  "elapsed": self._elapsed(), "data_share": data_share}
         rss = _rss_gb()
         if rss is not None:
             values["rss_gb"] = rss
         self.log.record("train", self.step, **values)
         post = dict(loss=f"{loss:.3f}", lr=f"{last.lr:.2e}", tok_s=f"{tok_per_s:.0f}", ep=f"{epochs:.2f}")
         if self.options.time_budget is not None:  # the bar's own ETA counts steps, not minutes
-            left = max(0.0, self.options.time_budget * 60 - (time.monotonic() - self._t_start))
+            left = max(0.0, self.options.time_budget * 60 - self._elapsed())
             post["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
         bar.set_postfix(post, refresh=False)
 
@@ -492,6 +516,7 @@ class Trainer:
                                    f"checkpoint (the last one is kept)")
         rng = dist_.gather_to_main({"rng": ckpt.capture_rng(self.env.device)}, self.env)
         self.saved_step = self.step
+        self.metrics["wall_seconds"] = self._elapsed()  # a resumed run's budget goes on from here
         if not self.env.is_main:
             return None
         state = ckpt.new_trainer_state(
