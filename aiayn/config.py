@@ -61,8 +61,9 @@ class Config:
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
 
     # BPE-dropout (Provilkov et al. 2020), not in the paper: every epoch re-segments the training
-    # text, skipping each BPE merge with this probability (sentencepiece's sampling), so words are
-    # seen in many segmentations; dev/test and decoding keep the fixed one. Needs a BPE vocabulary.
+    # text, dropping each applicable BPE merge at each merge step with this probability
+    # (aiayn.data.resegment), so words are seen in many segmentations; dev/test and decoding keep
+    # the fixed one. Needs a BPE vocabulary.
     p_bpe_drop: float = 0.0
 
     # --- training, §5 ------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""BPE-dropout (aiayn.data.resegment): each epoch's segmentation spells the same text, is a pure
-function of (seed, epoch), degenerates to the prepared segmentation as p -> 0, and the sampler over
-it batches every pair once within budget and resumes mid-epoch exactly; the trainer uses it, resumes
-bit for bit, and refuses it on a vocabulary that is not BPE."""
+"""BPE-dropout (aiayn.data.resegment): our merges equal sentencepiece's segmentation at p = 0, a
+dropped merge may apply at a later step (hand-built merges), each epoch's segmentation spells the
+same text, is a pure function of (seed, epoch) also across processes, degenerates to the prepared
+segmentation as p -> 0, and the sampler over it batches every pair once within budget and resumes
+mid-epoch exactly; the trainer uses it, resumes bit for bit, and refuses it on a vocabulary that is
+not BPE."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,10 +20,10 @@ from safetensors.torch import load_file
 from aiayn.config import load_config
 from aiayn.data.batching import collate
 from aiayn.data.dataset import ParallelDataset
-from aiayn.data.resegment import Resegmenter, ResegmentingSampler
+from aiayn.data.resegment import BpeDropout, Resegmenter, ResegmentingSampler
 from aiayn.errors import UserError
 from aiayn.training.trainer import TrainOptions, train
-from test_training_fixtures import SMALL, tiny_dataset
+from test_training_fixtures import REPO, SMALL, tiny_dataset
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +38,46 @@ def ds(bpe_data):
 
 def rows(ids, offsets):
     return [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+
+def test_merges_at_p0_are_sentencepieces_segmentation(ds):
+    tok = ds.src_tokenizer
+    bpe = BpeDropout(tok)
+    words: set[str] = set()
+    for i in range(len(ds)):
+        words.update(tok.decode(ds[i][0].tolist()).split())
+        words.update(tok.decode(ds[i][1].tolist()).split())
+    words |= {"zebra", "quietly", "abba", "aaaa", "xyzzy"}  # words the training text may not have
+    checked = 0
+    for w in sorted(words):
+        chars = bpe.chars("▁" + w)
+        if chars is not None:
+            assert bpe.segment(chars, 0.0, None) == tok.encode(w), w
+            checked += 1
+    assert checked > 0.9 * len(words)
+    # so re-segmenting keeps every prepared word reachable: none is frozen
+    assert [w.frozen for w in Resegmenter(ds, 0.1, seed=1, max_pieces=1000).words] == [0, 0]
+
+
+def hand_built(merges):
+    """A BpeDropout over the pieces a, b, c, d = 0..3 and the given {(x, y): (score, z)}."""
+    bpe = BpeDropout.__new__(BpeDropout)
+    bpe.merges, bpe.char_ids = merges, {}
+    return bpe
+
+
+def test_a_dropped_merge_may_apply_at_a_later_step():
+    a, b, c, d, ab, cd, abcd = range(7)
+    bpe = hand_built({(a, b): (-1.0, ab), (c, d): (-2.0, cd), (ab, cd): (-3.0, abcd)})
+    assert bpe.segment([a, b, c, d], 0.0, None) == [abcd]
+    # step 1: a+b dropped (0.0 < p), c+d kept; step 2: a+b drawn again and kept; step 3: ab+cd dropped
+    draws = iter([0.0, 0.9, 0.9, 0.0])
+    assert bpe.segment([a, b, c, d], 0.5, lambda: next(draws)) == [ab, cd]
+    assert bpe.segment([a, b, c, d], 0.5, lambda: 0.0) == [a, b, c, d]  # every merge dropped
+    # equal scores: the leftmost pair first, as sentencepiece
+    aa = 4
+    bpe = hand_built({(a, a): (-1.0, aa)})
+    assert bpe.segment([a, a, a], 0.0, None) == [aa, a]
 
 
 def test_each_epoch_spells_the_same_text_differently(ds):
@@ -56,6 +101,21 @@ def test_segmentation_is_a_function_of_seed_and_epoch(ds):
     c = Resegmenter(ds, 0.3, seed=2, max_pieces=1000).epoch(0)
     assert not (np.array_equal(c.tgt_offsets, a.epoch(0).tgt_offsets)
                 and np.array_equal(c.tgt_ids, a.epoch(0).tgt_ids))
+
+
+def epoch_digest(pairs):
+    return hashlib.sha256(b"".join(x.tobytes() for x in pairs.__dict__.values())).hexdigest()
+
+
+def test_segmentation_is_the_same_in_another_process(bpe_data, ds):
+    """A resumed run is a new process: its epochs must be segmented exactly as before."""
+    code = ("import hashlib, sys; from aiayn.data.dataset import ParallelDataset; "
+            "from aiayn.data.resegment import Resegmenter; "
+            "p = Resegmenter(ParallelDataset(sys.argv[1], 'train'), 0.3, seed=1, max_pieces=1000).epoch(2); "
+            "print(hashlib.sha256(b''.join(x.tobytes() for x in p.__dict__.values())).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code, str(bpe_data)], capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout.strip()
+    assert out == epoch_digest(Resegmenter(ds, 0.3, seed=1, max_pieces=1000).epoch(2))
 
 
 def test_vanishing_p_gives_the_prepared_segmentation(ds):

@@ -168,21 +168,13 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = 4) -> list[list[int]]:
         return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
-    def sample_batch(self, texts: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
-        """Sampled segmentations of `texts`: for a BPE model, BPE-dropout (Provilkov et al. 2020;
-        each merge skipped with probability `alpha`). Deterministic for a given `seed`:
-        sentencepiece's sampling generator is process-wide, so it is reseeded here, and one thread
-        encodes everything (with several, which thread gets which sentence is not fixed)."""
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-        # 2**32 - 1 is sentencepiece's "seed from the clock" value: never pass it
-        spm.set_random_generator_seed(int(seed) % 0xFFFFFFFF)
-        return self._sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=float(alpha),
-                               nbest_size=-1, num_threads=1)
-
-    def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-        """`decode` of many id sequences at once."""
-        return self._sp.decode([[int(i) for i in r if int(i) not in SPECIAL_IDS] for r in rows])
+    def pieces(self) -> list[tuple[str, float, bool]]:
+        """(piece, score, normal) for every id: `normal` is False for specials, UNK, byte-fallback
+        and unused pieces. For BPE the score orders the merges (higher merges first)."""
+        sp = self._sp
+        return [(sp.id_to_piece(i), sp.get_score(i),
+                 not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i)))
+                for i in range(sp.get_piece_size())]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; PAD, BOS and EOS are dropped wherever they occur."""
