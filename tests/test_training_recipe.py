@@ -19,7 +19,7 @@ from aiayn.training import loss as loss_module
 from aiayn.training.loss import label_smoothed_loss, label_smoothed_mean
 from aiayn.training.precision import Precision, cpu_has_native_bf16, resolve
 from aiayn.training.schedule import (build_optimizer, cooldown_factor, learning_rate, lr_at,
-                                     peak_learning_rate)
+                                     peak_learning_rate, set_lr)
 from aiayn.training.step import Updater
 from aiayn.training.trainer import batch_plan
 
@@ -174,6 +174,29 @@ def test_adam_has_the_papers_settings():
     assert isinstance(opt, torch.optim.Adam)
     assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
     assert opt.defaults["weight_decay"] == 0
+    assert opt.defaults["fused"] is True  # on CPU: torch's one-pass kernel
+
+
+def test_fused_adam_follows_torchs_plain_adam():
+    """The fused kernel against torch's per-parameter implementation, over several updates at
+    changing rates."""
+    cfg = get_preset("base")
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(7, 5, generator=g), torch.randn(11, generator=g)]
+    fused = [torch.nn.Parameter(t.clone()) for t in start]
+    plain = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_f = build_optimizer(fused, cfg)
+    opt_p = torch.optim.Adam(plain, lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=False)
+    for step in range(1, 6):
+        grads = [torch.randn(t.shape, generator=g) for t in start]
+        for ps, opt in ((fused, opt_f), (plain, opt_p)):
+            for p, gr in zip(ps, grads):
+                p.grad = gr.clone()
+            set_lr(opt, 1e-2 / step)
+            opt.step()
+    for a, b, s in zip(fused, plain, start):
+        assert not torch.equal(a, s)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_batch_plan():
