@@ -45,7 +45,8 @@ PRECISION_ORDER = ("fp32", "bf16", "bf16w", "int8")
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF Marian",
          "fairseq": "fairseq", "opennmt": "OpenNMT-py", "ctranslate2": "CTranslate2"}
 # (warm-up steps, timed windows, steps per window) per config; --quick: one step, one window.
-# BASE steps are ~6x dearer; its windows are shorter so that the whole run stays near 20 minutes.
+# The warm-up is at least one pass over the timed batches (train_systems.measure). BASE steps are
+# ~6x dearer; its windows are shorter so that the whole run stays near 25 minutes.
 TRAIN_STEPS = {"tiny": (3, 3, 4), "base": (1, 2, 2)}
 DECODE_REPS = {"tiny": 3, "base": 1}  # timed passes over the 200 sentences (median reported)
 QUICK_STEPS = (1, 1, 1)
@@ -219,7 +220,9 @@ def results_md(res: dict) -> str:
         "Workload (benchmarks/workload.py): vocabulary 8000, shared and tied; TINY = d_model 256, "
         "3+3 layers, 4 heads, d_ff 1024; BASE = the paper's base. Training: the same random batches "
         "for every system (budget 4000 tokens a side, padding counted), forward + label-smoothed "
-        "(0.1) loss + backward + Adam(0.9, 0.98, 1e-9), median over timed windows after warm-up. "
+        "(0.1) loss + backward + Adam(0.9, 0.98, 1e-9), median over timed windows after an untimed "
+        "pass over the same batches (the steady state of training: every epoch after the first "
+        "repeats its batch shapes, for which oneDNN has then built its kernels). "
         "Decoding (benchmarks/decode_systems.py): 200 sources, 4 batches of 50, output forced to 30 "
         "tokens. How each peer was matched to the paper's model: the docstrings of "
         "benchmarks/train_systems.py and benchmarks/decode_systems.py.\n\n"

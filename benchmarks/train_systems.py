@@ -2,7 +2,8 @@
 per process. Each system builds the model with its own code at the workload's dims
 (benchmarks/workload.py), then runs full training steps on the same batches in the same order:
 forward, label-smoothed (0.1) loss over non-padding targets, backward, Adam(0.9, 0.98, 1e-9) step.
-Warm-up steps are not timed; tokens/s is the median over several timed windows.
+An untimed pass over the timed batches comes first (every epoch of training after the first
+repeats its batch shapes; `--cold` times new shapes); tokens/s is the median over timed windows.
 
     .venv-peers/bin/python benchmarks/train_systems.py --system marian --config tiny \\
         --precision bf16 --threads 2 --json
@@ -438,15 +439,25 @@ BUILDERS = {"aiayn": build_aiayn, "torch": build_torch, "marian": build_marian,
 # --- timing -------------------------------------------------------------------------------------
 
 
-def measure(system: System, batches: list[Batch], warmup: int, windows: int, per_window: int
-            ) -> dict:
-    """`warmup` untimed steps, then `windows` timed windows of `per_window` steps each; batches
-    are taken in order, cycling. Returns the median window's tokens/s and every window's."""
-    it = itertools.cycle(batches)
-    losses = [system.step(next(it)) for _ in range(warmup)]
+def measure(system: System, batches: list[Batch], warmup: int, windows: int, per_window: int,
+            cold: bool = False) -> dict:
+    """`windows` timed windows of `per_window` steps each, on the first windows * per_window
+    batches, after an untimed pass over those same batches (at least `warmup` steps): the steady
+    state of training, where every epoch after the first repeats the batch shapes. oneDNN builds
+    a kernel per new matrix shape (~5 ms each here), which first-seen shapes pay: aiayn's BASE
+    step measured 1,752 tokens/s on new shapes against 2,170 on seen ones. `cold`: time the
+    batches that follow the `warmup` steps instead, each shape new. Returns the median window's
+    tokens/s and every window's."""
+    timed = [batches[i % len(batches)] for i in range(windows * per_window)]
+    if cold:
+        it = itertools.cycle(batches)
+        losses = [system.step(next(it)) for _ in range(warmup)]
+        timed = [next(it) for _ in range(windows * per_window)]
+    else:
+        losses = [system.step(timed[i % len(timed)]) for i in range(max(warmup, len(timed)))]
     rates = []
-    for _ in range(windows):
-        chunk = [next(it) for _ in range(per_window)]
+    for w in range(windows):
+        chunk = timed[w * per_window:(w + 1) * per_window]
         t0 = time.perf_counter()
         for b in chunk:
             losses.append(system.step(b))
@@ -470,7 +481,10 @@ def main() -> int:
     p.add_argument("--precision", default="fp32", choices=tuple(AIAYN_PRECISIONS),
                    help="bf16w: aiayn's --precision bf16-weights (aiayn only)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps (default 3)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps, at least one pass over the timed batches (default 3)")
+    p.add_argument("--cold", action="store_true",
+                   help="time batches of shapes not seen before (the first epoch of training)")
     p.add_argument("--windows", type=int, default=3, help="timed windows (default 3)")
     p.add_argument("--steps", type=int, default=4, help="steps per timed window (default 4)")
     p.add_argument("--compile", action="store_true",
@@ -491,12 +505,12 @@ def main() -> int:
     else:
         system = BUILDERS[a.system](cfg, a.precision)
     build_s = time.perf_counter() - t0
-    res = measure(system, batches, a.warmup, a.windows, a.steps)
+    res = measure(system, batches, a.warmup, a.windows, a.steps, a.cold)
     fpt = workload.flops_per_token(cfg, batches)
     params = {id(q): q.numel() for q in system.model.parameters() if q.requires_grad}
     out = {"system": a.system, "config": a.config, "precision": a.precision,
            "tok_per_s": round(res["tok_per_s"], 1), "steps": a.windows * a.steps,
-           "warmup": a.warmup, "flops_per_tok": fpt,
+           "warmup": a.warmup, "cold": a.cold, "flops_per_tok": fpt,
            "gflops": round(res["tok_per_s"] * fpt / 1e9, 1),
            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
            "window_tok_per_s": res["window_tok_per_s"],

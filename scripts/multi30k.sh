@@ -8,7 +8,7 @@
 #   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (README, experiments)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files; `aiayn download multi30k --out DIR`
-# fetches them. Settings come from the `multi30k-v2` preset (chosen on val, see README);
+# fetches them. Settings come from the `multi30k-v3` preset (chosen on val, see README);
 # TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train` and `aiayn translate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ bash scripts/setup.sh
 SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}
 DATA=${DATA:-../shared/data/multi30k}
 OUT=${OUT:-runs/multi30k-$SRC-$TGT}
-PRESET=${PRESET:-multi30k-v2}
+PRESET=${PRESET:-multi30k-v3}
 A=.venv/bin/aiayn
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped

@@ -40,8 +40,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Both sums of `label_smoothed_loss` from (N, V) logits, with a hand-written gradient, a
     block of rows at a time: no (N, V) float32 log-probabilities, one-hot matrix or scattered
     gradient is ever materialised (those were 16% of a CPU training step at V = 8000, measured).
-    softmax/log_softmax with dtype=float32 read low-precision logits without a separate copy.
-        nll_i = -log p_i[y_i]          uniform_i = -mean_k log p_ik
+    Each block is converted to float32 once per pass; the forward keeps each row's log-normaliser
+    lse_i = log sum_k exp z_ik, so the backward's softmax is one exp(z - lse) pass, with no max or
+    sum pass again.
+        nll_i = lse_i - z_i,y_i        uniform_i = lse_i - mean_k z_ik
         d smoothed / dz = softmax(z) - (1 - eps) onehot(y) - eps / V     (0 on padding rows)
         d nll / dz      = softmax(z) - onehot(y)
     """
@@ -51,21 +53,26 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         n = logits.size(0)
         nll = torch.empty(n, dtype=torch.float32, device=logits.device)
         uniform = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n, 1, dtype=torch.float32, device=logits.device)
         for a in range(0, n, _CHUNK_ROWS):
             b = a + _CHUNK_ROWS
-            lp = torch.log_softmax(logits[a:b], dim=-1, dtype=torch.float32)  # (rows, V)
-            nll[a:b] = lp.gather(1, target[a:b].unsqueeze(1)).squeeze(1).neg_()
+            z = logits[a:b].float()  # (rows, V); a copy for low-precision logits, a view for fp32
+            lp = torch.log_softmax(z, dim=-1)  # (rows, V)
+            y = target[a:b].unsqueeze(1)  # (rows, 1)
+            lp_y = lp.gather(1, y)  # (rows, 1)
+            nll[a:b] = lp_y.squeeze(1).neg()
             uniform[a:b] = lp.mean(dim=-1).neg_()
+            lse[a:b] = z.gather(1, y) - lp_y  # log p = z - lse at every id, the reference's too
         nll = nll.masked_fill_(~keep, 0.0).sum()
         uniform = uniform.masked_fill_(~keep, 0.0).sum()
         smoothed = (1.0 - eps) * nll + eps * uniform if eps > 0 else nll
-        ctx.save_for_backward(logits, target, keep)
+        ctx.save_for_backward(logits, target, keep, lse)
         ctx.eps = eps
         return smoothed, nll
 
     @staticmethod
     def backward(ctx, g_smoothed: Tensor | None, g_nll: Tensor | None):
-        logits, target, keep = ctx.saved_tensors
+        logits, target, keep, lse = ctx.saved_tensors
         eps, v = ctx.eps, logits.size(1)
         zero = torch.zeros((), device=logits.device)
         gs = g_smoothed.float() if g_smoothed is not None else zero
@@ -77,7 +84,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for a in range(0, logits.size(0), _CHUNK_ROWS):
             b = a + _CHUNK_ROWS
-            g = torch.softmax(logits[a:b], dim=-1, dtype=torch.float32)  # (rows, V), a new tensor
+            # softmax(z) = exp(z - lse), in a new float32 block (never in place on the logits)
+            g = logits[a:b].to(torch.float32, copy=True).sub_(lse[a:b]).exp_()  # (rows, V)
             g.mul_(on_softmax[a:b]).sub_(on_all[a:b])
             g.scatter_add_(1, target[a:b].unsqueeze(1), on_ref[a:b].neg())
             grad[a:b] = g
