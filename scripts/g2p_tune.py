@@ -1,0 +1,52 @@
+"""Checkpoint averaging of a finished G2P run, scored on the validation words only (README, the
+30-minute recipe): for each N, average the run's newest N checkpoints and print valid WER and PER.
+The test words are never read.
+
+    .venv/bin/python scripts/g2p_tune.py runs/g2p-30 1 2 3 5      # OUT as made by scripts/demo.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from aiayn.errors import UserError
+from aiayn.memory import tune_memory
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path, help="the demo's work directory (holds run/ and corpus/)")
+    p.add_argument("n", type=int, nargs="+", help="numbers of newest checkpoints to average")
+    a = p.parse_args()
+    tune_memory()
+    from aiayn.recipes.cmudict_data import read_refs
+    from aiayn.recipes.g2p import evaluate_g2p
+    from aiayn.training.average import average_checkpoints
+    from aiayn.training.checkpoint import list_checkpoints
+
+    try:
+        corpus = a.out / "corpus"
+        if not (corpus / "valid.src").is_file():
+            raise UserError(f"{a.out}: no corpus/valid.src; give a directory made by scripts/demo.sh")
+        words = (corpus / "valid.src").read_text(encoding="utf-8").splitlines()
+        refs = read_refs(corpus / "valid.refs")
+        ckpts = [d for _, d in list_checkpoints(a.out / "run")]
+        if max(a.n) > len(ckpts) or min(a.n) < 1:
+            raise UserError(f"{a.out / 'run'} holds {len(ckpts)} checkpoints; N must be 1 to {len(ckpts)}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in a.n:
+                model = Path(tmp) / f"avg{n}"
+                average_checkpoints(ckpts[-n:], model, overwrite=True)
+                r = evaluate_g2p(model, words, refs, progress=False)
+                print(f"average of the last {n}: valid WER {100 * r['wer']:.2f}%, PER {100 * r['per']:.2f}%")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
