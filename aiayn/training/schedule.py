@@ -54,8 +54,9 @@ def build_optimizer(params, cfg: Config) -> torch.optim.Adam:
     """Adam(beta1, beta2, eps) of §5.3 over `params`; the rate is set per update by `set_lr`.
 
     PyTorch's fused kernel (one pass over each parameter, its gradient and moments) where it has
-    one, CPU and CUDA: on CPU torch otherwise runs Adam as ~6 separate passes per parameter, 2.7x
-    the time for the base model's 48M parameters here (85 against 31 ms per step)."""
+    one, CPU and CUDA: on CPU torch otherwise runs Adam as ~6 separate passes per parameter, 2.6x
+    the time for the base model's 48M parameters here (76 against 29 ms per step,
+    benchmarks/profile_step.py --parts)."""
     params = list(params)
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point
                                  for p in params)
