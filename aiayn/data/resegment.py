@@ -78,10 +78,11 @@ class BpeDropout:
 
     `merges[(a, b)] = (score, c)`: adjacent pieces a, b may merge into piece c, whose score orders
     the merges. `chars(word)` is a word's starting symbols (character piece ids), or None when a
-    character has no piece of its own."""
+    character has no piece of its own. `pieces[i]` is piece i's text."""
 
     def __init__(self, tokenizer: Tokenizer):
         pieces = tokenizer.pieces()
+        self.pieces = [piece for piece, _, _ in pieces]
         ids = {piece: i for i, (piece, _, normal) in enumerate(pieces) if normal}
         self.merges: dict[tuple[int, int], tuple[float, int]] = {}
         for c, (piece, score, normal) in enumerate(pieces):
@@ -120,8 +121,8 @@ class _Words:
     word w's starting symbols, `prepared[w]` its prepared pieces; chars[w] is None when the merges
     do not reproduce the prepared pieces (the word is then never re-segmented)."""
 
-    def __init__(self, ids: np.ndarray, sent_offsets: np.ndarray, bpe: BpeDropout, tokenizer: Tokenizer):
-        starts_word = np.array([piece.startswith("▁") for piece, _, _ in tokenizer.pieces()], bool)
+    def __init__(self, ids: np.ndarray, sent_offsets: np.ndarray, bpe: BpeDropout):
+        starts_word = np.array([piece.startswith("▁") for piece in bpe.pieces], bool)
         first = starts_word[ids]
         first[sent_offsets[:-1][np.diff(sent_offsets) > 0]] = True  # a sentence starts a word
         bounds = np.append(np.flatnonzero(first), len(ids))  # word k is ids[bounds[k]:bounds[k+1]]
@@ -141,7 +142,7 @@ class _Words:
         self.offsets = np.searchsorted(bounds[:-1], sent_offsets).astype(np.int64)
         self.chars: list[list[int] | None] = []
         for key in self.prepared:
-            c = bpe.chars("".join(tokenizer.id_to_piece(i) for i in key))
+            c = bpe.chars("".join(bpe.pieces[i] for i in key))
             if c is not None and tuple(bpe.segment(c, 0.0, None)) != key:
                 c = None
             self.chars.append(c)
@@ -169,8 +170,8 @@ class Resegmenter:
         bpes = [BpeDropout(toks[0])]
         bpes.append(bpes[0] if toks[1] == toks[0] else BpeDropout(toks[1]))
         self.bpe = tuple(bpes)
-        self.words = (_Words(self.prepared.src_ids, self.prepared.src_offsets, bpes[0], toks[0]),
-                      _Words(self.prepared.tgt_ids, self.prepared.tgt_offsets, bpes[1], toks[1]))
+        self.words = (_Words(self.prepared.src_ids, self.prepared.src_offsets, bpes[0]),
+                      _Words(self.prepared.tgt_ids, self.prepared.tgt_offsets, bpes[1]))
         self._cache: tuple[int, SegmentedPairs] | None = None
 
     def side_seed(self, epoch: int, side: int) -> int:
