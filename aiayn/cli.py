@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from aiayn.errors import UserError
-from aiayn.memory import tune_memory
+from aiayn.memory import restart_with_allocator, tune_memory
 
 # name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
 # pay for importing the trainer.
@@ -31,7 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description=__doc__.splitlines()[0],
-        epilog="environment: AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default memory settings "
+        epilog="environment: AIAYN_ALLOCATOR=system keeps the C library's malloc (by default the "
+               "command restarts itself once with mimalloc preloaded where the cmeel-mimalloc wheel "
+               "is installed); AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default memory settings "
                "(aiayn/memory.py; by default freed memory stays in the process and large tensors "
                "use huge pages, for faster CPU training)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -44,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` None means this process's own arguments, and only then may the
+    process restart itself with mimalloc preloaded (aiayn/memory.py), before torch is loaded."""
+    if argv is None:
+        try:  # the same PID goes on, so torchrun keeps track of its workers
+            restart_with_allocator([sys.executable, "-m", "aiayn", *sys.argv[1:]])
+        except ValueError as e:
+            print(f"aiayn: error: {e}", file=sys.stderr)
+            return 2
     tune_memory()  # before anything imports torch (aiayn/memory.py)
     parser = build_parser()
     args = parser.parse_args(argv)

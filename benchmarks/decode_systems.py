@@ -409,7 +409,8 @@ def main() -> int:
     if args.system is None:
         p.error("--system is required")
     if args.system == "aiayn":  # as `aiayn translate` runs (aiayn/memory.py); torch not loaded yet
-        from aiayn.memory import tune_memory
+        from aiayn.memory import restart_with_allocator, tune_memory
+        restart_with_allocator([sys.executable, *sys.argv])  # mimalloc, as the `aiayn` command runs
         tune_memory()
     try:
         result = run(args.system, args.config, args.precision, args.threads, args.reps,

@@ -34,9 +34,9 @@ Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloa
 forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
 on a CPU with native bf16); its bf16w row is its option `--precision bf16-weights` (the model's
 working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py).
-aiayn's rows run with aiayn/memory.py's process settings (glibc malloc keeps freed memory, torch
-uses transparent huge pages), as every `aiayn` command does; the peers run with the defaults their
-users get. Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or
+aiayn's rows run with aiayn/memory.py's process settings (mimalloc preloaded, freed memory kept in
+the process, torch on transparent huge pages), as every `aiayn` command does; the peers run with
+the defaults their users get (glibc's malloc). Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or
 OpenNMT-py's (their bf16/fp16 switches are for GPUs).
 """
 
@@ -59,12 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from aiayn.memory import tune_memory
+from aiayn.memory import restart_with_allocator, tune_memory
 
 # aiayn runs as `aiayn train` does, with aiayn/memory.py's settings, which must precede torch's load
 _early = argparse.ArgumentParser(add_help=False)
 _early.add_argument("--system")
 if _early.parse_known_args()[0].system == "aiayn":
+    restart_with_allocator([sys.executable, *sys.argv])  # mimalloc, as the `aiayn` command runs
     tune_memory()
 
 import torch  # noqa: E402

@@ -54,7 +54,7 @@ def test_tiny_model_learns_task(task):
     opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
     held_out = sample(200, torch.Generator().manual_seed(99))
     held_set = {tuple(s) for s in held_out}
-    for step in range(600):
+    for step in range(1200):  # most runs reach 100% by 600; numerics differ by CPU (AVX2 vs AVX-512)
         batch = [s for s in sample(64, g) if tuple(s) not in held_set]
         src = pad([s + [EOS_ID] for s in batch])
         tgt_in = pad([[BOS_ID] + fn(s) for s in batch])

@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from aiayn.config import PRESETS, load_config
     from aiayn.errors import UserError
+    from aiayn.memory import allocator_in_use
     from aiayn.model.counting import count_parameters, flops_per_target_token
 
     if args.list:
@@ -43,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
     for k, v in cfg.to_dict().items():
         print(f"  {k:<15} {v}")
     print(f"parameters      {n:,} ({n / 1e6:.1f}M)")
+    print(f"allocator       {allocator_in_use()} (this process; AIAYN_ALLOCATOR, aiayn/memory.py)")
     print(f"training FLOPs  {flops / 1e6:.1f}M per target token "
           f"(6 x weights + attention at length {args.seq_len:g})")
     return 0

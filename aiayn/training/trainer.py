@@ -318,6 +318,7 @@ class Trainer:
             self.log.close()
 
     def _describe(self) -> None:
+        from aiayn.memory import allocator_in_use
         from aiayn.model.counting import count_parameters
 
         o, env, cfg = self.options, self.env, self.cfg
@@ -327,7 +328,7 @@ class Trainer:
                 self.log.say(f"  config change on resume: {c}")
         self.log.say(
             f"training {count_parameters(cfg):,} parameters on {env.world_size} x {env.device.type}, "
-            f"{self.precision.name}{', compiled' if o.compile else ''}; "
+            f"{self.precision.name}{', compiled' if o.compile else ''}, {allocator_in_use()}; "
             f"update = {self.accum} x {self.batch_tokens} tokens x {env.world_size} rank(s) "
             f"(target {cfg.max_tokens}); {len(self.sampler)} micro-batches per epoch per rank")
         if cfg.p_bpe_drop > 0:
