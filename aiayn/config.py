@@ -245,13 +245,14 @@ PRESETS: dict[str, Config] = {
     # `tiny`: the size peers are benchmarked at (PEERS.md TINY); trains in minutes on 2 cores.
     "tiny": replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, warmup_steps=1000,
                     max_tokens=4096, max_steps=20_000),
-    # `g2p`: the offline demo (grapheme-to-phoneme on CMUdict) within minutes on 2 CPU cores.
+    # `g2p`: grapheme-to-phoneme on CMUdict within minutes on 2 CPU cores (the demo's first preset).
     # Chosen by 3-minute runs scored on the validation words (README, "The demo"): at this budget
     # d_model 128 beats 256 (more epochs), and p_drop 0.1 beats 0.0. A pronunciation is rarely
     # more than a few symbols longer than its spelling, so outputs stop at +10, not +50.
     "g2p": G2P,
-    # `g2p-v2`, the 30-minute G2P recipe: `g2p` with the rate falling linearly to 0 over the last
-    # 20% of the run. Chosen on the validation words of 30-minute runs (README): WER 26.65% -> 26.25%.
+    # `g2p-v2`, the demo's default and the 30-minute G2P recipe: `g2p` with the rate falling
+    # linearly to 0 over the last 20% of the run. Chosen on the validation words (README): WER
+    # 26.65% -> 26.25% in 30 minutes (AMX, bf16), 45.6% -> 44.4% in the demo's 7.5 (AVX2, fp32).
     "g2p-v2": replace(G2P, lr_cooldown=0.2),
     "multi30k": MULTI30K,
     # `multi30k-v2` (scripts/multi30k.sh until run 6): `multi30k` plus dropout 0.1 on the attention

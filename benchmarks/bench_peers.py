@@ -15,7 +15,7 @@ first (it returns at once when the environment is already there).
     .venv/bin/python benchmarks/bench_peers.py --out runs/peers --write-results
     .venv/bin/python benchmarks/bench_peers.py --render runs/peers/results.json   # re-print
 
-Ratios are aiayn/peer at the same precision (int8 rows: against aiayn bf16): above 1 means aiayn
+Ratios are aiayn/peer at the same precision (int8 rows: against aiayn bf16, or fp32 where bf16 was not measured): above 1 means aiayn
 is faster, or for memory that aiayn uses more.
 """
 
@@ -151,7 +151,8 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
                 return None
             p = d.get("precision_resolved", r["precision"])
             p = "bf16" if p.startswith("bf16") else p  # bf16-weights runs on the bf16 peak
-            return d["tok_per_s"] * d["flops_per_tok"] / (peak[f"{p}_gflops"] * 1e9)
+            g = peak.get(f"{p}_gflops")
+            return d["tok_per_s"] * d["flops_per_tok"] / (g * 1e9) if g else None
         if field == "rss_gb":
             return d["peak_rss_mb"] / 1024 if "peak_rss_mb" in d else None
         return d.get(field)
@@ -163,7 +164,7 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
     head = "| system | precision | " + " | ".join(c[0] for c in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
     for r in mine:
-        ref = aiayn.get(r["precision"]) or aiayn.get("bf16")
+        ref = aiayn.get(r["precision"]) or aiayn.get("bf16") or aiayn.get("fp32")
         is_ref = r["system"] == "aiayn"
         cells = [_fmt(col(r, k), d) if is_ref else _with_ratio(col(r, k), col(ref, k), d)
                  for _, k, d in cols]
@@ -185,16 +186,22 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
     return "\n".join(lines)
 
 
+def peak_text(peak: dict) -> str:
+    bf16 = peak.get("bf16_gflops")
+    return f"fp32 {peak['fp32_gflops']:.0f} GFLOP/s, " + (
+        f"bf16 {bf16:.0f} GFLOP/s" if bf16 else "bf16 not measured (no native bf16 on this CPU)")
+
+
 def render(res: dict) -> str:
     peak = res["peak"]
     parts = [f"Matmul peak ({peak['threads']} threads, best torch.mm over the models' shapes): "
-             f"fp32 {peak['fp32_gflops']:.0f} GFLOP/s, bf16 {peak['bf16_gflops']:.0f} GFLOP/s. "
+             f"{peak_text(peak)}. "
              "MFU = train tok/s x model FLOPs per target token / the peak of the row's precision. "
-             "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16): above 1, aiayn "
-             "is faster, or for RSS uses more. aiayn's bf16 row is its default precision \"auto\" "
-             "(bf16 autocast); bf16w is its option `--precision bf16-weights` (a bf16 working copy "
-             "of the model, float32 master weights); each table ends with aiayn's training speed "
-             "against the fastest peer row."]
+             "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16, else fp32): above "
+             "1, aiayn is faster, or for RSS uses more. aiayn's default precision \"auto\" is bf16 "
+             "autocast on a CPU with native bf16 (its bf16 row), else fp32; bf16w is its option "
+             "`--precision bf16-weights` (a bf16 working copy of the model, float32 master weights); "
+             "each table ends with aiayn's training speed against the fastest peer row."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
                     if r["config"] == c and r.get("train")), None)
@@ -229,6 +236,21 @@ def results_md(res: dict) -> str:
         + render(res))
 
 
+def record(res: dict) -> None:
+    """RESULTS.md is the latest run; each run also stays in results/<date>-<cpu>.md, so a run on
+    another machine (AVX2 fp32 against AMX bf16 changes every figure) never erases the last."""
+    name = f"{res['date'][:10]}-" + "-".join(res["machine"]["isa"].replace("_", "-").split(", "))
+    text = results_md(res)
+    with atomic_write(HERE / "results" / f"{name}.md") as f:
+        f.write(text)
+    earlier = sorted(p.name for p in (HERE / "results").glob("*.md") if p.stem != name)
+    if earlier:
+        text += "\nEarlier runs (other days or machines): " + ", ".join(
+            f"[{n}](results/{n})" for n in earlier) + ".\n"
+    with atomic_write(HERE / "RESULTS.md") as f:
+        f.write(text)
+
+
 # --- the run ------------------------------------------------------------------------------------
 
 
@@ -241,8 +263,9 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["tiny", "base"], choices=["tiny", "base"])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
-    p.add_argument("--precisions", nargs="+", default=list(PRECISION_ORDER), choices=PRECISION_ORDER,
-                   help="keep only these precisions (default all)")
+    p.add_argument("--precisions", nargs="+", choices=PRECISION_ORDER,
+                   help="keep only these precisions (default all; fp32 and int8 on a CPU without "
+                        "native bf16, where bf16 products are emulated ~100x slower than fp32)")
     p.add_argument("--no-train", action="store_true", help="skip the training measurements")
     p.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
     p.add_argument("--quick", action="store_true",
@@ -266,11 +289,16 @@ def main() -> int:
         if a.write_results:
             if res.get("quick"):
                 p.error(f"{a.render} is a --quick run; RESULTS.md records real runs only")
-            with atomic_write(HERE / "RESULTS.md") as f:
-                f.write(results_md(res))
+            record(res)
         return 0
     if a.quick and a.write_results:
         p.error("--write-results records a real run; drop --quick")
+    if a.precisions is None:
+        from aiayn.training.precision import cpu_has_native_bf16
+        a.precisions = list(PRECISION_ORDER)
+        if not cpu_has_native_bf16():
+            a.precisions = ["fp32", "int8"]
+            say("this CPU has no native bf16 (AVX512-BF16 or AMX): measuring fp32 and int8 only")
 
     if not a.no_setup and a.python == PEERS_PY:
         subprocess.run(["bash", str(REPO / "scripts" / "setup_peers.sh")], check=True)
@@ -285,7 +313,7 @@ def main() -> int:
     if got is None:
         raise SystemExit(f"bench_peers: the matmul peak failed: {err}")
     peak = got["peak"]
-    say(f"  fp32 {peak['fp32_gflops']:.0f} GFLOP/s, bf16 {peak['bf16_gflops']:.0f} GFLOP/s")
+    say(f"  {peak_text(peak)}")
 
     dec = {} if a.no_decode else decode_precisions()
     jobs: list[tuple[str, str, str, str]] = []  # (kind, system, config, precision)
@@ -344,8 +372,7 @@ def main() -> int:
         with atomic_write(a.out / "table.md") as f:
             f.write(text)
     if a.write_results:
-        with atomic_write(HERE / "RESULTS.md") as f:
-            f.write(results_md(res))
+        record(res)
     return 0
 
 

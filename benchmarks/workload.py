@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiayn.config import PRESETS, Config  # noqa: E402
 from aiayn.model.counting import flops_per_target_token  # noqa: E402
+from aiayn.training.precision import cpu_has_native_bf16  # noqa: E402
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 VOCAB = 8000  # shared source/target vocabulary, tied embeddings (PEERS.md)
@@ -142,10 +143,12 @@ def _gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float) -> float
 def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
     """Best torch.mm GFLOP/s over PEAK_SHAPES, for fp32 and bf16, on `threads` threads; each shape
     runs for `seconds`. The MFU denominators of the table (fp32 rows against fp32, bf16 rows
-    against bf16)."""
+    against bf16). bf16 only where the CPU has it natively: emulated, one product of these shapes
+    takes minutes (0.3 GFLOP/s measured on an AVX2 EPYC), and no row would be measured in bf16."""
     torch.set_num_threads(threads)
     res: dict = {"threads": threads, "shapes": {}}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    dtypes = [("fp32", torch.float32)] + [("bf16", torch.bfloat16)] * cpu_has_native_bf16()
+    for name, dtype in dtypes:
         per = {f"{m}x{k}x{n}": _gflops(m, k, n, dtype, seconds) for m, k, n in PEAK_SHAPES}
         res["shapes"][name] = {s: round(v, 1) for s, v in per.items()}
         res[f"{name}_gflops"] = round(max(per.values()), 1)

@@ -61,6 +61,9 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     assert t.returncode == 0, t.stderr[-2000:]
     lines = t.stdout.split("\n")[:3]
     assert lines[1] == "" and all(tok.isupper() for tok in lines[0].split())
-    # a second run reuses the trained model instead of training again
-    r2 = subprocess.run(env_cmd, capture_output=True, text=True)
+    # a second run reuses the trained model instead of training again, and reports the preset it
+    # was trained with, not the default it was called with this time
+    again = [a for a in env_cmd if a not in ("--preset", "micro")]
+    r2 = subprocess.run(again, capture_output=True, text=True)
     assert r2.returncode == 0 and "reusing the trained model" in r2.stderr
+    assert json.loads(r2.stdout)["preset"] == "micro" and "(preset micro;" in r2.stderr

@@ -9,7 +9,8 @@ from aiayn.training import PRECISIONS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/g2p-demo", help="work directory (default runs/g2p-demo)")
-    p.add_argument("--preset", default="g2p", help="model preset (default g2p)")
+    p.add_argument("--preset", default="g2p-v2",
+                   help="model preset (default g2p-v2: g2p with a learning-rate cooldown)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
     p.add_argument("--minutes", type=float, default=7.5,
                    help="training time budget in minutes (default 7.5: the whole demo stays "

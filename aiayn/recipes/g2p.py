@@ -52,7 +52,7 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
             "novel": dict(zip(NOVEL_WORDS, tr.translate(NOVEL_WORDS)))}
 
 
-def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
+def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
             overrides: list[str] | None = None, seed: int = 1, threads: int | None = None,
             precision: str = "auto",
             retrain: bool = False, max_train_words: int | None = None, n_valid: int = 2000,
@@ -96,7 +96,10 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p", minutes: float = 7.5,
         log(f"final model: the average of {len(averaged)} checkpoints ({', '.join(averaged)})")
     else:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-        log(f"reusing the trained model in {model} (pass --retrain to train again)")
+        # The model may predate a change of the default preset: report what it was trained with.
+        before = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+        preset, overrides = before.get("preset", f"{preset}?"), before.get("overrides", overrides)
+        log(f"reusing the trained model in {model} (preset {preset}; pass --retrain to train again)")
 
     # Valid is for choosing settings (README experiments); test is reported.
     valid = evaluate_g2p(model, (corpus / "valid.src").read_text(encoding="utf-8").splitlines(),

@@ -1,0 +1,44 @@
+"""benchmarks/bench_peers.py's report: ratios, a machine without native bf16, and the run history.
+
+Nothing is measured here; the rows are made up, so only the arithmetic and the files are checked.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+bench_peers = pytest.importorskip("bench_peers")
+
+
+def fake_run(date: str, isa: str) -> dict:
+    def row(system, precision, tok, rss_mb):
+        return {"config": "tiny", "system": system, "precision": precision,
+                "train": {"tok_per_s": tok, "flops_per_tok": 46e6, "peak_rss_mb": rss_mb}}
+    return {"date": date, "machine": {"cpu": "Test CPU", "isa": isa, "nproc": 2}, "cpus": "0,1",
+            "threads": 2, "python": "python", "command": "bench_peers.py", "configs": ["tiny"],
+            "versions": {"torch": "x", "aiayn": "y"}, "peak": {"threads": 2, "fp32_gflops": 100.0},
+            "rows": [row("aiayn", "fp32", 3000.0, 1024.0), row("opennmt", "fp32", 2000.0, 2048.0),
+                     row("fairseq", "fp32", 2500.0, 1024.0)]}
+
+
+def test_fp32_only_run_renders_ratios_against_the_fastest_peer():
+    text = bench_peers.render(fake_run("2026-01-01T00:00:00", "avx2"))
+    assert "bf16 not measured" in text
+    # speed 3000/2000, MFU 2000 x 46e6 / 100e9, no decoding rows, RSS 2 GB against aiayn's 1 GB
+    assert "| OpenNMT-py | fp32 | 2000 (1.50) | 0.92 (1.50) | - | - | 2.00 (0.50) | - |" in text
+    assert "fairseq fp32 (2,500 tok/s): aiayn fp32 1.20x" in text
+
+
+def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_peers, "HERE", tmp_path)
+    bench_peers.record(fake_run("2026-01-01T00:00:00", "avx2, avx512f, amx_bf16"))
+    bench_peers.record(fake_run("2026-01-02T00:00:00", "avx2"))
+    kept = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert kept == ["2026-01-01-avx2-avx512f-amx-bf16.md", "2026-01-02-avx2.md"]
+    latest = (tmp_path / "RESULTS.md").read_text()
+    assert "- Date: 2026-01-02" in latest and "(avx2)" in latest
+    assert "[2026-01-01-avx2-avx512f-amx-bf16.md](results/2026-01-01-avx2-avx512f-amx-bf16.md)" in latest
