@@ -88,8 +88,8 @@ def mimalloc_library() -> str | None:
 def allocator_environment(environ=os.environ, library: str | None = None) -> dict[str, str] | None:
     """The environment under which to re-execute this process with mimalloc preloaded, or None when
     it should run as it is (Linux only; `AIAYN_ALLOCATOR=system`; mimalloc, jemalloc or tcmalloc
-    already preloaded; the library not installed). `library` defaults to `mimalloc_library()`. Raises ValueError for an
-    unknown AIAYN_ALLOCATOR."""
+    already preloaded; the library not installed). `library` defaults to `mimalloc_library()`.
+    Raises ValueError for an unknown AIAYN_ALLOCATOR."""
     choice = environ.get(ALLOCATOR, "mimalloc")
     if choice not in ALLOCATORS:
         raise ValueError(f"{ALLOCATOR} must be one of {', '.join(ALLOCATORS)}, got {choice!r}")
