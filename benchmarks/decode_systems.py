@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/decode_systems.py --system aiayn --config tiny --precision fp32 --json
     .venv/bin/python benchmarks/decode_systems.py --system ctranslate2 --config base --precision int8 --json
     .venv-peers/bin/python benchmarks/decode_systems.py --system fairseq --config tiny --json
+    .venv/bin/python benchmarks/decode_systems.py --system aiayn --config base --profile 1   # by operator
 
 prints one JSON line {"system", "config", "precision", "greedy_sent_per_s", "beam4_sent_per_s",
 "peak_rss_mb"}. The workload (PEERS.md): 200 random sources, 10-30 ids each (seeded, the same for
@@ -387,6 +388,29 @@ def run(system: str, config: str, precision: str, threads: int, reps: int, n: in
     return result
 
 
+def profile(system: str, config: str, precision: str, threads: int, beam: int, seed: int) -> int:
+    """Where one batch's decoding time goes, by operator (torch.profiler, self time)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    if system == "ctranslate2":
+        print("decode_systems: --profile needs a PyTorch system", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads)
+    decode = SYSTEMS[system](config, precision, threads, seed)
+    first, second = make_sources(2 * BATCH)[:BATCH], make_sources(2 * BATCH)[BATCH:]
+    decode(first, beam)  # oneDNN and the allocator see these shapes once, untimed
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        check_lengths(system, decode(second, beam))
+        took = time.perf_counter() - start
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    print(f"{system} {config} {precision}, beam {beam}: one batch of {BATCH} in {took:.2f} s "
+          "(profiled)")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -400,6 +424,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=BATCH, help="sentences in the untimed warm-up")
     p.add_argument("--seed", type=int, default=0, help="weights' seed (sources are fixed)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--profile", type=int, metavar="BEAM",
+                   help="instead of timing: torch.profiler's operator table for one batch decoded "
+                        "with this beam size (1 = greedy), after an untimed one (PyTorch systems)")
     p.add_argument("--export-ct2", metavar="DIR", help=argparse.SUPPRESS)  # child process
     p.add_argument("--quantization", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -412,6 +439,8 @@ def main() -> int:
         from aiayn.memory import restart_with_allocator, tune_memory
         restart_with_allocator([sys.executable, *sys.argv])  # mimalloc, as the `aiayn` command runs
         tune_memory()
+    if args.profile:
+        return profile(args.system, args.config, args.precision, args.threads, args.profile, args.seed)
     try:
         result = run(args.system, args.config, args.precision, args.threads, args.reps,
                      args.sentences, max(1, args.warmup), args.seed)
