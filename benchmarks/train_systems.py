@@ -36,8 +36,8 @@ on a CPU with native bf16); its bf16w row is its option `--precision bf16-weight
 working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py).
 aiayn's rows run with aiayn/memory.py's process settings (mimalloc preloaded, freed memory kept in
 the process, torch on transparent huge pages), as every `aiayn` command does; the peers run with
-the defaults their users get (glibc's malloc). Wrapping a peer's forward in autocast is our choice, not an option of fairseq's or
-OpenNMT-py's (their bf16/fp16 switches are for GPUs).
+the defaults their users get (glibc's malloc). Wrapping a peer's forward in autocast is our
+choice, not an option of fairseq's or OpenNMT-py's (their bf16/fp16 switches are for GPUs).
 """
 
 from __future__ import annotations
