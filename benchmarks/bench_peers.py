@@ -15,8 +15,8 @@ first (it returns at once when the environment is already there).
     .venv/bin/python benchmarks/bench_peers.py --out runs/peers --write-results
     .venv/bin/python benchmarks/bench_peers.py --render runs/peers/results.json   # re-print
 
-Ratios are aiayn/peer at the same precision (int8 rows: against aiayn bf16, or fp32 where bf16 was not measured): above 1 means aiayn
-is faster, or for memory that aiayn uses more.
+Ratios are aiayn/peer at the same precision (int8 rows: against aiayn bf16, or fp32 where bf16
+was not measured): above 1 means aiayn is faster, or for memory that aiayn uses more.
 """
 
 from __future__ import annotations

@@ -147,7 +147,9 @@ def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
     takes minutes (0.3 GFLOP/s measured on an AVX2 EPYC), and no row would be measured in bf16."""
     torch.set_num_threads(threads)
     res: dict = {"threads": threads, "shapes": {}}
-    dtypes = [("fp32", torch.float32)] + [("bf16", torch.bfloat16)] * cpu_has_native_bf16()
+    dtypes = [("fp32", torch.float32)]
+    if cpu_has_native_bf16():
+        dtypes.append(("bf16", torch.bfloat16))
     for name, dtype in dtypes:
         per = {f"{m}x{k}x{n}": _gflops(m, k, n, dtype, seconds) for m, k, n in PEAK_SHAPES}
         res["shapes"][name] = {s: round(v, 1) for s, v in per.items()}
