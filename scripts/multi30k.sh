@@ -5,11 +5,12 @@
 #   bash scripts/multi30k.sh                       # English -> German, 60 minutes of training
 #   SRC=de TGT=en bash scripts/multi30k.sh         # German -> English
 #   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
-#   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (README, experiments)
+#   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (docs/experiments/)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files; `aiayn download multi30k --out DIR`
-# fetches them. Settings come from the `multi30k-v3` preset (chosen on val, see README);
-# TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train` and `aiayn translate`.
+# fetches them. Settings come from the `multi30k-v3` preset (chosen on val, see
+# docs/experiments/multi30k.md); TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train`
+# and `aiayn translate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding settings of a finished Multi30k run, scored on val only (README, experiments):
+# Decoding settings of a finished Multi30k run, scored on val only (docs/experiments/multi30k.md):
 # for each N, average the newest N checkpoints, translate val with each beam/alpha pair, print
 # sacreBLEU. The test set is never read.
 #
