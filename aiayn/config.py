@@ -3,8 +3,9 @@
 Field names follow the paper (§3, §5, Table 3). Every default is the paper's setting for the base
 model; every deviation from the paper is an option that is off by default and says so below.
 
-Presets are small named deltas of `BASE`, each reading like its Table 3 row. A preset name never
-changes meaning: new variants get new names.
+The paper's presets are small named deltas of `BASE`, each reading like its Table 3 row; each
+recipe's presets live beside the recipe (aiayn/recipes/). A preset name never changes meaning: new
+variants get new names, and a retired name fails with an error naming its successor.
 """
 
 from __future__ import annotations
@@ -60,12 +61,6 @@ class Config:
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
 
-    # BPE-dropout (Provilkov et al. 2020), not in the paper: every epoch re-segments the training
-    # text, dropping each applicable BPE merge at each merge step with this probability
-    # (aiayn.data.resegment), so words are seen in many segmentations; dev/test and decoding keep
-    # the fixed one. Needs a BPE vocabulary.
-    p_bpe_drop: float = 0.0
-
     # --- training, §5 ------------------------------------------------------------------------
     eps_ls: float = 0.1  # label smoothing (§5.4)
     warmup_steps: int = 4000  # Eq. 3
@@ -80,6 +75,9 @@ class Config:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     max_tokens: int = 25_000  # source and target tokens per (accumulated) batch (§5.1)
+    # Batch widths rounded up to a multiple of this, the padding counted against max_tokens: far
+    # fewer distinct tensor shapes, so kernels and freed memory are reused. 1: no rounding.
+    pad_multiple: int = 1
     clip_norm: float = 0.0  # gradient clipping; 0 (off) as in the paper
     n_average: int = 5  # checkpoints averaged for the final model: base 5, big 20 (§6.1)
 
@@ -94,7 +92,7 @@ class Config:
             return UserError(f"invalid config: {msg}")
 
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions", "warmup_steps",
-                     "max_steps", "max_tokens", "beam_size", "n_average"):
+                     "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 0 or self.tgt_vocab_size < 0:
@@ -106,7 +104,7 @@ class Config:
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             raise bad(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                       "give d_k and d_v explicitly")
-        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "p_bpe_drop", "eps_ls", "lr_cooldown"):
+        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "eps_ls", "lr_cooldown"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
@@ -146,8 +144,14 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
+        d = {k: v for k, v in d.items() if k not in RETIRED_FIELDS}
         _check_known(d, "invalid config")
         return cls(**d)
+
+    def architecture_changes(self, other: "Config") -> list[str]:
+        """The `ARCH_FIELDS` in which `other` differs from this config, as 'name: a -> b'."""
+        return [f"{f}: {getattr(self, f)!r} -> {getattr(other, f)!r}" for f in ARCH_FIELDS
+                if getattr(self, f) != getattr(other, f)]
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -169,6 +173,17 @@ class Config:
                 raise UserError(f"invalid override: unknown config field {k!r}")
             parsed[k] = _parse_value(k, v, types[k], getattr(self, k))
         return replace(self, **parsed)
+
+
+# Fields that shape the network or what its weights mean: checkpoints differing in any of them
+# cannot be averaged or resumed into one another. The rest (recipe, decoding) may differ.
+ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
+               "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
+               "tie_embeddings", "tie_output", "layer_norm_eps")
+
+# Training-only fields of earlier versions, ignored when a saved config.json still has them (they
+# never shaped the network, so such a model loads and decodes as it did).
+RETIRED_FIELDS = ("p_bpe_drop",)
 
 
 def _check_known(d: dict[str, Any], where: str) -> None:
@@ -197,18 +212,8 @@ def _parse_value(name: str, text: str, type_str: Any, current: Any) -> Any:
     return text
 
 
-# --- presets: Table 3 ---------------------------------------------------------------------------
+# --- presets: the paper's (Table 3, §6.3) ----------------------------------------------------------
 BASE = Config()
-
-# `multi30k`: Multi30k translation (29K caption pairs, ~13 words) in an hour on 2 CPU cores: the
-# TINY size of PEERS.md, more dropout for the small corpus, a shorter warmup for a run of a few
-# thousand updates. The first choice (sessions 1-2); experiments on val are in the README.
-MULTI30K = replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3, warmup_steps=1000,
-                   max_tokens=4096, max_steps=100_000)
-
-MULTI30K_V2 = replace(MULTI30K, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5)
-G2P = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400, max_tokens=4000,
-              max_steps=100_000, max_len_b=10)
 
 PRESETS: dict[str, Config] = {
     "base": BASE,
@@ -241,40 +246,28 @@ PRESETS: dict[str, Config] = {
     # §6.3 constituency parsing: 4 layers, d_model 1024, beam 21, alpha 0.3, max length +300
     # ("everything else as the EN-DE base model": d_ff 2048, h 8, so d_k = d_v = 128)
     "parsing": replace(BASE, n_layers=4, d_model=1024, beam_size=21, alpha=0.3, max_len_b=300),
-    # --- small presets for CPU recipes (not in the paper) ---
-    # `tiny`: the size peers are benchmarked at (PEERS.md TINY); trains in minutes on 2 cores.
-    "tiny": replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, warmup_steps=1000,
-                    max_tokens=4096, max_steps=20_000),
-    # `g2p`: grapheme-to-phoneme on CMUdict within minutes on 2 CPU cores (the demo's first preset).
-    # Chosen by 3-minute runs scored on the validation words (README, "The demo"): at this budget
-    # d_model 128 beats 256 (more epochs), and p_drop 0.1 beats 0.0. A pronunciation is rarely
-    # more than a few symbols longer than its spelling, so outputs stop at +10, not +50.
-    "g2p": G2P,
-    # `g2p-v2`, the demo's default and the 30-minute G2P recipe: `g2p` with the rate falling
-    # linearly to 0 over the last 20% of the run. Chosen on the validation words (README): WER
-    # 26.65% -> 26.25% in 30 minutes (AMX, bf16), 45.6% -> 44.4% in the demo's 7.5 (AVX2, fp32).
-    "g2p-v2": replace(G2P, lr_cooldown=0.2),
-    "multi30k": MULTI30K,
-    # `multi30k-v2` (scripts/multi30k.sh until run 6): `multi30k` plus dropout 0.1 on the attention
-    # weights and on the FFN's ReLU output (`multi30k`'s dev loss stalled after ~3,500 updates),
-    # and length penalty alpha 1.5 (at 0.6 the val outputs were 7% short). Chosen on val (README):
-    # val sacreBLEU 39.61 (`multi30k`) -> 40.37 (+ the two dropouts) -> 41.15 (+ alpha 1.5).
-    "multi30k-v2": MULTI30K_V2,
-    # `multi30k-v3`, what scripts/multi30k.sh runs: `multi30k-v2` with the rate falling linearly to
-    # 0 over the last 20% of the run (Eq. 3 alone ends an hour at 43% of its peak). Chosen on val
-    # (README, run 6): val sacreBLEU 41.14 -> 41.36, final dev NLL 1.623 -> 1.587.
-    "multi30k-v3": replace(MULTI30K_V2, lr_cooldown=0.2),
-    # `micro`: for tests and the smallest demo; trains in seconds.
-    "micro": replace(BASE, n_layers=2, d_model=64, d_ff=256, n_heads=4, warmup_steps=200,
-                     max_tokens=2048, max_steps=2000),
 }
 
 
+def all_presets() -> dict[str, Config]:
+    """The paper's presets, then each recipe's (defined beside its recipe, aiayn/recipes/)."""
+    from aiayn.recipes import recipe_presets
+
+    return {**PRESETS, **recipe_presets()}
+
+
 def get_preset(name: str) -> Config:
+    """A preset by name: the paper's or a recipe's. A name that was retired fails with an error
+    naming what replaces it, so a name never silently changes meaning."""
+    from aiayn.recipes import RETIRED_PRESETS
+
+    if name in RETIRED_PRESETS:
+        raise UserError(f"preset {name!r} was removed; {RETIRED_PRESETS[name]}")
+    presets = all_presets()
     try:
-        return PRESETS[name]
+        return presets[name]
     except KeyError:
-        raise UserError(f"unknown preset {name!r}; choose from: {', '.join(PRESETS)}") from None
+        raise UserError(f"unknown preset {name!r}; choose from: {', '.join(presets)}") from None
 
 
 def load_config(preset: str | None = None, config_file: str | None = None,
@@ -301,4 +294,4 @@ def load_config(preset: str | None = None, config_file: str | None = None,
     return cfg
 
 
-__all__ = ["Config", "BASE", "PRESETS", "get_preset", "load_config"]
+__all__ = ["Config", "BASE", "PRESETS", "all_presets", "get_preset", "load_config"]

@@ -10,7 +10,7 @@ glibc's defaults.
 
 Each run is a fresh process (the settings must precede torch's first allocation), with no dev
 evaluation and no checkpoint until the end. Over a whole run, compare the tokens/s of two runs'
-metrics.jsonl instead (README: EN→DE runs 3 and 4).
+metrics.jsonl instead (docs/experiments/multi30k.md: EN→DE runs 3 and 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""aiayn against the peers a user would pick instead (issue #7): one command, one table per config.
+"""aiayn against the peers a user would pick instead: one command, one table per config.
 
 Every measurement is its own process, pinned with `taskset` to the same cores and given the same
 thread count, so one system's allocator, thread pools or JIT caches never touch another's:
@@ -40,8 +40,7 @@ from aiayn.io import atomic_write  # noqa: E402
 PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
 SYSTEMS = ("aiayn", "torch", "marian", "fairseq", "opennmt", "ctranslate2")
 TRAIN_PRECISIONS = {s: ("fp32", "bf16") for s in ("aiayn", "torch", "marian", "fairseq", "opennmt")}
-TRAIN_PRECISIONS["aiayn"] += ("bf16w",)  # aiayn's option --precision bf16-weights
-PRECISION_ORDER = ("fp32", "bf16", "bf16w", "int8")
+PRECISION_ORDER = ("fp32", "bf16", "int8")
 NAMES = {"aiayn": "aiayn", "torch": "torch.nn.Transformer", "marian": "HF Marian",
          "fairseq": "fairseq", "opennmt": "OpenNMT-py", "ctranslate2": "CTranslate2"}
 # (warm-up steps, timed windows, steps per window) per config; --quick: one step, one window.
@@ -150,7 +149,6 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
             if "tok_per_s" not in d:
                 return None
             p = d.get("precision_resolved", r["precision"])
-            p = "bf16" if p.startswith("bf16") else p  # bf16-weights runs on the bf16 peak
             g = peak.get(f"{p}_gflops")
             return d["tok_per_s"] * d["flops_per_tok"] / (g * 1e9) if g else None
         if field == "rss_gb":
@@ -199,9 +197,7 @@ def render(res: dict) -> str:
              "MFU = train tok/s x model FLOPs per target token / the peak of the row's precision. "
              "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16, else fp32): above "
              "1, aiayn is faster, or for RSS uses more. aiayn's default precision \"auto\" is bf16 "
-             "autocast on a CPU with native bf16 (its bf16 row), else fp32; bf16w is its option "
-             "`--precision bf16-weights` (a bf16 working copy of the model, float32 master weights); "
-             "each table ends with aiayn's training speed against the fastest peer row."]
+             "autocast on a CPU with native bf16 (its bf16 row), else fp32; each table ends with aiayn's training speed against the fastest peer row."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
                     if r["config"] == c and r.get("train")), None)
@@ -217,7 +213,7 @@ def results_md(res: dict) -> str:
         ("ctranslate2", "ctranslate2")))
     return (
         "# aiayn against its peers: latest run\n\n"
-        "Written by `benchmarks/bench_peers.py --write-results` (issue #7); do not edit by hand.\n\n"
+        "Written by `benchmarks/bench_peers.py --write-results`; do not edit by hand.\n\n"
         f"- Date: {res['date']}\n"
         f"- Machine: {res['machine']['cpu']} ({res['machine']['isa']}), "
         f"{res['machine']['nproc']} CPUs, measured on cores {res['cpus']} with {res['threads']} threads\n"

@@ -1,4 +1,4 @@
-"""Training quality of aiayn against a peer (issue #7: "no loss of quality: after the same number
+"""Training quality of aiayn against a peer ("no loss of quality: after the same number
 of steps on Multi30k, aiayn's dev loss is no worse").
 
 Every system trains the TINY model (benchmarks/workload.py: d_model 256, 3+3 layers, 4 heads,
@@ -14,8 +14,6 @@ with the same --seed:
   aiayn bf16 (auto)  `aiayn train`'s own step: Updater, Precision("auto"), which is bf16 autocast
                      on a CPU with native bf16 (fast dropout mask, fused label-smoothed loss);
   aiayn fp32         the same at precision fp32: same initial weights and dropout masks;
-  aiayn bf16w        the same with `--precision bf16-weights`: a bf16 working copy of the model,
-                     float32 master weights and Adam state (compared with the peers' bf16 rows);
   PEER p             the builders of benchmarks/train_systems.py, for every --precisions p.
 Model builders and update steps are train_systems.py's, fed real batches and a rate per step.
 
@@ -43,12 +41,10 @@ aiayn bf16 and 2500-4000 for the fp32 rows and a peer's bf16, the default four r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import hashlib
 import itertools
 import json
-import math
 import os
 import resource
 import shlex
@@ -68,7 +64,7 @@ from bench_peers import NAMES, PEERS_PY, cpu_isa, cpu_model, versions, worker  #
 
 PEERS = ("torch", "fairseq", "marian", "opennmt")  # the peers train_systems.py can train
 PRECISIONS = ("fp32", "bf16")
-AIAYN_PRECISIONS = ("bf16", "fp32", "bf16w")  # bf16w: aiayn's --precision bf16-weights
+AIAYN_PRECISIONS = ("bf16", "fp32")
 MAX_TOKENS = 4096  # tokens per side in one update, padding counted: the `tiny` preset's
 LOSS_EVERY = 50  # steps per point of the recorded training-loss curve
 
@@ -97,13 +93,6 @@ def batch_indices(dataset, steps: int, seed: int) -> Iterator:
     return itertools.islice(itertools.chain.from_iterable(epochs), steps)
 
 
-def as_workload(b):
-    """aiayn's collated Batch as the Batch train_systems.py's steps take."""
-    from workload import Batch
-
-    return Batch(b.src, b.tgt_in, b.tgt_out, b.n_src_tokens, b.n_tgt_tokens)
-
-
 def train(system, dataset, cfg, steps: int, seed: int) -> dict:
     """`steps` updates at Eq. 3's rate; only the update itself is timed (batching is not)."""
     from aiayn.data.batching import collate
@@ -113,12 +102,12 @@ def train(system, dataset, cfg, steps: int, seed: int) -> dict:
     losses, seconds, tokens = [], 0.0, 0
     for i, idx in enumerate(batch_indices(dataset, steps, seed), 1):
         digest.update(idx.astype("int64").tobytes())
-        b = as_workload(collate(dataset, idx))
+        b = collate(dataset, idx)
         system.set_lr(lr_at(cfg, i))
         t0 = time.perf_counter()
         losses.append(system.step(b))
         seconds += time.perf_counter() - t0
-        tokens += b.n_tgt
+        tokens += b.n_tgt_tokens
     return {"steps": len(losses), "train_s": round(seconds, 2), "tgt_tokens": tokens,
             "train_tok_per_s": round(tokens / seconds, 1), "lr_last": lr_at(cfg, len(losses)),
             "train_loss": loss_curve(losses), "batches_sha256": digest.hexdigest()[:16]}
@@ -133,51 +122,25 @@ def loss_curve(losses: list[float]) -> list[list[float]]:
 
 def dev_batches(dataset, limit: int | None) -> list:
     """The split (or its first `limit` pairs) in batches of MAX_TOKENS, as aiayn evaluates it."""
-    from aiayn.data.batching import TokenBatchSampler, collate
+    from aiayn.data.batching import collate, length_batches
 
     n = len(dataset) if limit is None else min(limit, len(dataset))
-    sampler = TokenBatchSampler(dataset.src_lengths[:n], dataset.tgt_lengths[:n], MAX_TOKENS,
-                                shuffle=False, allow_oversize=True)
-    return [collate(dataset, idx) for idx in sampler.epoch_batches()]
+    return [collate(dataset, idx) for idx in length_batches(dataset.src_lengths[:n], MAX_TOKENS,
+                                                            dataset.tgt_lengths[:n])]
 
 
 def dev_figures(system, batches: list, precision: str) -> dict:
-    """Label-smoothed loss, NLL and perplexity per target token from the system's own logits,
-    computed here for every system alike: eps = 0.1 spread over all V ids, as aiayn and
-    OpenNMT-py train (fairseq's criterion spreads it over V - 1), summed over non-PAD targets."""
-    import torch
-    import torch.nn.functional as F
-    from train_systems import autocast, smoothed_ce_sum
+    """Label-smoothed loss (eps 0.1), NLL and perplexity per target token from the system's own
+    logits, through aiayn's one dev-loss computation for every system alike (fairseq's training
+    criterion spreads eps over V - 1 ids; here every row is scored the same way)."""
+    from train_systems import autocast
 
-    from aiayn.special import PAD_ID
+    from aiayn.evaluation.perplexity import reference_perplexity
 
-    smoothed = nll = 0.0
-    n = 0
-    system.model.eval()
-    try:
-        with torch.no_grad():
-            for ab in batches:
-                b = as_workload(ab)
-                with autocast(precision):
-                    logits = system.logits(b)  # (B, T, V)
-                flat = logits.float().reshape(-1, logits.size(-1))  # (B * T, V)
-                smoothed += float(smoothed_ce_sum(flat, b.tgt_out))
-                nll += float(F.cross_entropy(flat, b.tgt_out.reshape(-1), ignore_index=PAD_ID,
-                                             reduction="sum"))
-                n += b.n_tgt
-    finally:
-        system.model.train()
-    return {"loss": smoothed / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 700)), "tokens": n}
-
-
-def aiayn_own_dev(model, dataset, cfg) -> dict:
-    """aiayn's own dev figures (what `aiayn train` logs), fp32: a check on dev_figures."""
-    import torch
-
-    from aiayn.training.evaluate import dev_loss
-
-    got = dev_loss(model, dataset, MAX_TOKENS, cfg.eps_ls, torch.device("cpu"), contextlib.nullcontext)
-    return {"loss": got["dev_loss"], "nll": got["dev_nll"], "tokens": got["dev_tokens"]}
+    r = reference_perplexity(system.model, batches, eps_ls=0.1, autocast=lambda: autocast(precision),
+                             forward=system.logits)
+    return {"loss": r["smoothed_per_token"], "nll": r["nll_per_token"], "ppl": r["ppl"],
+            "tokens": r["n_tokens"]}
 
 
 def run_row(a: argparse.Namespace) -> dict:
@@ -201,8 +164,6 @@ def run_row(a: argparse.Namespace) -> dict:
     batches = dev_batches(dev_set, a.dev_pairs)
     # fp32 scores the trained weights alone; the training precision is what a user would see
     row["dev"] = {p: dev_figures(system, batches, p) for p in dict.fromkeys(("fp32", a.precision))}
-    if a.worker == "aiayn" and a.dev_pairs is None:
-        row["aiayn_own_dev"] = aiayn_own_dev(system.model, dev_set, cfg)
     params = {id(q): q.numel() for q in system.model.parameters() if q.requires_grad}
     row.update(eval_s=round(time.perf_counter() - t0, 2), build_s=round(build_s, 2),
                params=sum(params.values()), notes=system.notes,
@@ -238,8 +199,8 @@ def fastest_peer(results_md: Path) -> str:
 
 def jobs_of(systems: list[str], precisions: list[str],
             aiayn: tuple[str, ...] = AIAYN_PRECISIONS) -> list[tuple[str, str]]:
-    """(system, precision) rows: aiayn's default (bf16 autocast via "auto"), fp32 and its option
-    bf16-weights ("bf16w"), then each peer at each precision."""
+    """(system, precision) rows: aiayn's default (bf16 autocast via "auto") and fp32, then each
+    peer at each precision."""
     return [("aiayn", p) for p in aiayn] + [(s, p) for s in systems for p in precisions]
 
 
@@ -253,11 +214,6 @@ def _label(r: dict) -> tuple[str, str]:
 
 def _aiayn_ref(rows: list[dict], precision: str) -> dict | None:
     return next((r for r in rows if r["system"] == "aiayn" and r["precision"] == precision), None)
-
-
-def _peer_precision(precision: str) -> str:
-    """The peers' precision an aiayn row is compared with: bf16-weights against their bf16."""
-    return "bf16" if precision == "bf16w" else precision
 
 
 def table(rows: list[dict]) -> str:
@@ -286,7 +242,7 @@ def verdict(rows: list[dict]) -> tuple[bool | None, list[str]]:
     for ref in mine:
         for r in rows:
             if (r["system"] == "aiayn" or r.get("error")
-                    or r["precision"] != _peer_precision(ref["precision"])):
+                    or r["precision"] != ref["precision"]):
                 continue
             delta = ref["dev"]["fp32"]["nll"] - r["dev"]["fp32"]["nll"]
             ok.append(delta <= 0)
@@ -297,8 +253,7 @@ def verdict(rows: list[dict]) -> tuple[bool | None, list[str]]:
 
 
 def checks(rows: list[dict]) -> list[str]:
-    """Warnings when rows are not comparable: different batches, different dev tokens, or
-    dev_figures disagreeing with aiayn's own evaluation."""
+    """Warnings when rows are not comparable: different batches or different dev tokens."""
     good = [r for r in rows if not r.get("error")]
     out = []
     if len({r["batches_sha256"] for r in good}) > 1:
@@ -306,11 +261,6 @@ def checks(rows: list[dict]) -> list[str]:
                    ", ".join(f"{r['system']} {r['precision']} {r['batches_sha256']}" for r in good))
     if len({r["dev"]["fp32"]["tokens"] for r in good}) > 1:
         out.append("rows were scored on different numbers of dev tokens")
-    for r in good:
-        own = r.get("aiayn_own_dev")
-        if own and abs(own["nll"] - r["dev"]["fp32"]["nll"]) > 1e-3:
-            out.append(f"aiayn {r['precision']}: dev NLL {r['dev']['fp32']['nll']:.4f} here but "
-                       f"{own['nll']:.4f} by aiayn.training.evaluate")
     return out
 
 
@@ -327,10 +277,6 @@ def render(res: dict) -> str:
     if all(r and not r.get("error") for r in fp32_b16) and fp32_b16[1]["precision_resolved"] == "bf16":
         gap = fp32_b16[1]["dev"]["fp32"]["nll"] - fp32_b16[0]["dev"]["fp32"]["nll"]
         parts.append(f"aiayn bf16 - aiayn fp32 dev NLL: {gap:+.4f} (same seed: the cost of bf16).")
-    w, f32 = _aiayn_ref(res["rows"], "bf16w"), fp32_b16[0]
-    if w and f32 and not w.get("error") and not f32.get("error"):
-        gap = w["dev"]["fp32"]["nll"] - f32["dev"]["fp32"]["nll"]
-        parts.append(f"aiayn bf16-weights - aiayn fp32 dev NLL: {gap:+.4f} (same seed).")
     parts += lines
     if ok is not None:
         parts.append(f"Verdict: aiayn's dev NLL is {'no worse than' if ok else 'WORSE than'} "
@@ -387,8 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", choices=("aiayn", *PEERS),
                    help="train and score this one system here and print its row as JSON")
     p.add_argument("--aiayn-precisions", nargs="+", default=list(AIAYN_PRECISIONS),
-                   choices=AIAYN_PRECISIONS, help="aiayn's rows (default all three; bf16w is "
-                   "--precision bf16-weights)")
+                   choices=AIAYN_PRECISIONS, help="aiayn's rows (default both)")
     p.add_argument("--precision", default="fp32", choices=AIAYN_PRECISIONS, help="--worker's precision")
     a = p.parse_args(argv)
     for name in ("steps", "warmup", "threads", "dev_pairs"):

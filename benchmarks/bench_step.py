@@ -5,15 +5,13 @@ Variants, each a full update (forward, label-smoothed loss, backward, Adam) of o
               mean): what the step cost before the fast paths;
   +dropout    aiayn's dropout mask from 64-bit random words (aiayn/model/dropout.py);
   +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py): the
-              default step, what `aiayn train` runs;
-  +bf16 weights  ...and `--precision bf16-weights` (aiayn/training/precision.py): a bf16 working
-              copy of the model instead of autocast, float32 master weights (bf16 runs only).
+              default step, what `aiayn train` runs.
 Variants alternate step by step (reference, +dropout, +loss, reference, ...), so drift of the
 machine's speed hits them alike; each gets the same batches and the same starting weights. Prints
 target tokens/s per variant and the ratio to the reference.
 
     .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset multi30k
-    .venv/bin/python benchmarks/bench_step.py --preset tiny --precision fp32   # synthetic batches
+    .venv/bin/python benchmarks/bench_step.py --preset multi30k --precision fp32   # synthetic batches
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
 from aiayn.model.transformer import Transformer  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
 from aiayn.training.distributed import DistEnv  # noqa: E402
-from aiayn.training.loss import LossSums  # noqa: E402
+from aiayn.training.loss import NEVER_TARGET, LossSums  # noqa: E402
 from aiayn.training.precision import Precision  # noqa: E402
 from aiayn.training.schedule import build_optimizer  # noqa: E402
 from aiayn.training.step import Updater  # noqa: E402
@@ -54,7 +52,9 @@ def textbook_loss(logits, target, eps, pad_id=PAD_ID) -> LossSums:
     target = target.reshape(-1)  # (N,)
     keep = target != pad_id
     nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1).masked_fill(~keep, 0.0).sum()
-    uniform = -lprobs.mean(dim=-1).masked_fill(~keep, 0.0).sum()
+    allowed = torch.ones(lprobs.size(-1), dtype=torch.bool)
+    allowed[list(NEVER_TARGET)] = False  # no smoothing mass on PAD and BOS, as aiayn's loss
+    uniform = -lprobs[:, allowed].mean(dim=-1).masked_fill(~keep, 0.0).sum()
     return LossSums((1 - eps) * nll + eps * uniform, nll, keep.sum())
 
 
@@ -105,14 +105,10 @@ def main() -> int:
     torch.manual_seed(1)
     base = Transformer(cfg)
     prec = Precision(args.precision, torch.device("cpu"))
-    if prec.name == "bf16":
-        names.append("+bf16 weights")
     updaters = {}
     for name in names:
         model = copy.deepcopy(base)
-        p_name = Precision("bf16-weights", torch.device("cpu")) if name == "+bf16 weights" else prec
-        updaters[name] = Updater(p_name.training_model(model), build_optimizer(model.parameters(), cfg),
-                                 cfg, p_name, DistEnv())
+        updaters[name] = Updater(model, build_optimizer(model.parameters(), cfg), cfg, prec, DistEnv())
     times: dict[str, list[float]] = {n: [] for n in names}
     tokens = 0
     for i, b in enumerate(batches):

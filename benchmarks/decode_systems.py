@@ -1,4 +1,4 @@
-"""Decoding throughput of aiayn and its peers on one workload (issue #7), one system per run.
+"""Decoding throughput of aiayn and its peers on one workload, one system per run.
 
     .venv/bin/python benchmarks/decode_systems.py --system aiayn --config tiny --precision fp32 --json
     .venv/bin/python benchmarks/decode_systems.py --system ctranslate2 --config base --precision int8 --json
@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/decode_systems.py --system aiayn --config base --profile 1   # by operator
 
 prints one JSON line {"system", "config", "precision", "greedy_sent_per_s", "beam4_sent_per_s",
-"peak_rss_mb"}. The workload (PEERS.md): 200 random sources, 10-30 ids each (seeded, the same for
+"peak_rss_mb"}. The workload: 200 random sources, 10-30 ids each (seeded, the same for
 every system), decoded in 4 batches of 50, in order, with the output forced to exactly 30 tokens
 (no EOS before that, none allowed to stop it earlier), so every system does the same work. The
 weights are random (vocabulary 8000, shared and tied); speed does not depend on them. A warm-up
@@ -52,12 +52,13 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-VOCAB = 8000
+import workload  # noqa: E402
+
+VOCAB = workload.VOCAB
 N_SENTENCES, BATCH, SRC_LEN, OUT_LEN, SEED = 200, 50, (10, 30), 30, 1234
-CONFIGS = {  # PEERS.md: TINY (aiayn preset `tiny`) and BASE (preset `base`)
-    "tiny": dict(d_model=256, layers=3, heads=4, d_ff=1024),
-    "base": dict(d_model=512, layers=6, heads=8, d_ff=2048),
-}
+# the workload's TINY and BASE sizes, in the terms the peers' constructors take
+CONFIGS = {name: dict(d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, d_ff=c.d_ff)
+           for name, c in workload.CONFIGS.items()}
 PRECISIONS = {"aiayn": ("fp32", "bf16"), "ctranslate2": ("fp32", "int8"), "torch": ("fp32",),
               "marian": ("fp32",), "fairseq": ("fp32",), "opennmt": ("fp32",)}
 BEAM, ALPHA = 4, 0.6
@@ -88,30 +89,23 @@ def make_sources(n: int = N_SENTENCES, seed: int = SEED) -> list[list[int]]:
 
 
 def padded(batch: list[list[int]], pad: int, eos: int, left: bool = False):
-    """(B, S) int64 tensor of ids + [eos], padded on the right (or left), and (B,) lengths."""
+    """(B, S) int64 tensor of ids + [eos], padded with the system's `pad` on the right (or left),
+    and (B,) lengths: aiayn's padding routine with another system's ids."""
     import torch
 
-    width = max(map(len, batch)) + 1
-    out = torch.full((len(batch), width), pad, dtype=torch.long)
-    for i, s in enumerate(batch):
-        row = torch.tensor(s + [eos])
-        if left:
-            out[i, width - len(row):] = row
-        else:
-            out[i, : len(row)] = row
-    return out, torch.tensor([len(s) + 1 for s in batch])
+    from aiayn.data.batching import pad_rows
+
+    out, lengths = pad_rows([s + [eos] for s in batch], extra=0, pad_id=pad, left=left)
+    return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
 # --- aiayn and CTranslate2 (the same weights) -------------------------------------------------
 def aiayn_model(config: str, seed: int):
     import torch
-    from dataclasses import replace
-
-    from aiayn.config import get_preset
     from aiayn.model import Transformer
 
     torch.manual_seed(seed)
-    return Transformer(replace(get_preset(config), vocab_size=VOCAB)).eval()
+    return Transformer(workload.model_config(config)).eval()
 
 
 def make_aiayn(config: str, precision: str, threads: int, seed: int) -> Decode:

@@ -1,4 +1,4 @@
-"""Where aiayn's training step spends its time, and what two of its parts cost (issue #7).
+"""Where aiayn's training step spends its time, and what two of its parts cost.
 
     .venv/bin/python benchmarks/profile_step.py --config base          # torch.profiler table of a step
     .venv/bin/python benchmarks/profile_step.py --config base --parts  # Adam and loss alone
@@ -72,7 +72,7 @@ def profile(cfg) -> None:
     for b in batches:
         system.step(b)
     dt = time.perf_counter() - t
-    print(f"{sum(int(b.n_tgt) for b in batches) / dt:.0f} target tok/s, {dt / len(batches) * 1000:.0f} ms per step")
+    print(f"{sum(b.n_tgt_tokens for b in batches) / dt:.0f} target tok/s, {dt / len(batches) * 1000:.0f} ms per step")
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         for b in batches[:4]:
             system.step(b)

@@ -1,5 +1,5 @@
-"""Training throughput of aiayn and of the peers a user would pick instead (issue #7), one system
-per process. Each system builds the model with its own code at the workload's dims
+"""Training throughput of aiayn and of the peers a user would pick instead, one system per
+process. Each system builds the model with its own code at the workload's dims
 (benchmarks/workload.py), then runs full training steps on the same batches in the same order:
 forward, label-smoothed (0.1) loss over non-padding targets, backward, Adam(0.9, 0.98, 1e-9) step.
 An untimed pass over the timed batches comes first (every epoch of training after the first
@@ -32,8 +32,7 @@ embedding sums, none on attention weights or FFN activations, everywhere):
            relu; its own Optimizer wrapper around torch Adam.
 Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloat16)`) around the
 forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
-on a CPU with native bf16); its bf16w row is its option `--precision bf16-weights` (the model's
-working copy in bf16, float32 master weights and Adam state; aiayn/training/precision.py).
+on a CPU with native bf16).
 aiayn's rows run with aiayn/memory.py's process settings (mimalloc preloaded, freed memory kept in
 the process, torch on transparent huge pages), as every `aiayn` command does; the peers run with
 the defaults their users get (glibc's malloc). Wrapping a peer's forward in autocast is our
@@ -101,20 +100,20 @@ class System:
     extra: dict = field(default_factory=dict)
 
 
-# this harness's precision names -> aiayn's --precision; "bf16w" is aiayn's option bf16-weights (a
-# bf16 working copy of the model, fp32 master weights), which no peer offers
-AIAYN_PRECISIONS = {"fp32": "fp32", "bf16": "auto", "bf16w": "bf16-weights"}
+# this harness's precision names -> aiayn's --precision
+AIAYN_PRECISIONS = {"fp32": "fp32", "bf16": "auto"}
 
 
 def autocast(precision: str):
-    if precision in ("bf16", "bf16w"):  # bf16w: evaluating the float32 masters as "bf16" does
+    if precision == "bf16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def smoothed_ce_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Label-smoothed cross-entropy summed over non-PAD targets, in fp32 whatever the logits are;
-    eps is spread over the whole vocabulary as aiayn does (fairseq: over the V - 1 other ids)."""
+    eps is spread over the whole vocabulary (aiayn: over the V - 2 ids other than PAD and BOS;
+    fairseq: over the V - 1 other ids), which changes the loss's value, not its cost."""
     V = logits.size(-1)
     return F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), ignore_index=PAD_ID,
                            label_smoothing=EPS_LS, reduction="sum")
@@ -133,7 +132,7 @@ def plain_step(model: nn.Module, opt: torch.optim.Optimizer, precision: str,
         model.train()
         with autocast(precision):
             logits = logits_of(b)  # (B, T, V)
-        loss = smoothed_ce_sum(logits, b.tgt_out) / b.n_tgt
+        loss = smoothed_ce_sum(logits, b.tgt_out) / b.n_tgt_tokens
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -152,31 +151,25 @@ def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 
     --compile`), Updater on a single-process DistEnv, one micro-batch per update. The Updater
     sets Eq. 3's rate itself from `cfg` and its step count; `set_lr` only states the rate the
     caller expects, and the next step fails if the Updater used another."""
-    import numpy as np
-
-    from aiayn.data.batching import Batch as AiaynBatch
     from aiayn.model.transformer import Transformer
-    from aiayn.training.distributed import DistEnv
+    from aiayn.training.distributed import DistEnv, rank_seed
     from aiayn.training.precision import Precision
     from aiayn.training.schedule import build_optimizer
     from aiayn.training.step import Updater
-    from aiayn.training.trainer import _rank_seed
 
     env = DistEnv()
     torch.manual_seed(seed)
     model = Transformer(cfg).to(env.device)
-    torch.manual_seed(_rank_seed(seed, env.rank))
+    torch.manual_seed(rank_seed(seed, env.rank))
     prec = Precision(AIAYN_PRECISIONS[precision], env.device)
     optimizer = build_optimizer(model.parameters(), cfg)
-    stepped = prec.training_model(model)  # bf16w: the bf16 working copy; the optimizer keeps fp32
-    stepped = torch.compile(stepped, dynamic=True) if compile else stepped
+    stepped = torch.compile(model, dynamic=True) if compile else model
     updater = Updater(stepped, optimizer, cfg, prec, env)
     counter = itertools.count(1)
     expected: list[float] = []  # the rate the caller set for the next step, if any
 
     def step(b: Batch) -> float:
-        ab = AiaynBatch(b.src, b.tgt_in, b.tgt_out, b.n_src, b.n_tgt, np.arange(len(b.src)))
-        r = updater.update([ab], next(counter))
+        r = updater.update([b], next(counter))
         if expected and not math.isclose(r.lr, expected.pop(), rel_tol=1e-12):
             raise RuntimeError(f"aiayn's Updater used lr {r.lr}, the caller's schedule says otherwise")
         return r.loss
@@ -297,7 +290,7 @@ def _fairseq_sample(b: Batch) -> dict:
     prev = torch.where(tgt_in == 0, torch.full_like(tgt_in, 2), tgt_in)
     return {"net_input": {"src_tokens": src, "src_lengths": (b.src != PAD_ID).sum(1),
                           "prev_output_tokens": prev},
-            "target": tgt_out, "ntokens": b.n_tgt, "nsentences": len(b.src)}
+            "target": tgt_out, "ntokens": b.n_tgt_tokens, "nsentences": len(b.src)}
 
 
 def build_fairseq(cfg: Config, precision: str, seed: int = 1) -> System:
@@ -423,7 +416,7 @@ def build_opennmt(cfg: Config, precision: str, seed: int = 1) -> System:
         model.train()
         with autocast(precision):
             logits = logits_of(b)  # (B, T, V)
-        loss = smoothed_ce_sum(logits, b.tgt_out) / b.n_tgt
+        loss = smoothed_ce_sum(logits, b.tgt_out) / b.n_tgt_tokens
         optim.backward(loss)
         optim.step()
         optim.zero_grad()
@@ -462,7 +455,7 @@ def measure(system: System, batches: list[Batch], warmup: int, windows: int, per
         t0 = time.perf_counter()
         for b in chunk:
             losses.append(system.step(b))
-        rates.append(sum(b.n_tgt for b in chunk) / (time.perf_counter() - t0))
+        rates.append(sum(b.n_tgt_tokens for b in chunk) / (time.perf_counter() - t0))
     return {"tok_per_s": statistics.median(rates), "window_tok_per_s": [round(r, 1) for r in rates],
             "loss_first": losses[0], "loss_last": losses[-1]}
 
@@ -479,8 +472,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--system", required=True, choices=sorted(BUILDERS))
     p.add_argument("--config", default="tiny", choices=workload.CONFIGS)
-    p.add_argument("--precision", default="fp32", choices=tuple(AIAYN_PRECISIONS),
-                   help="bf16w: aiayn's --precision bf16-weights (aiayn only)")
+    p.add_argument("--precision", default="fp32", choices=tuple(AIAYN_PRECISIONS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed steps, at least one pass over the timed batches (default 3)")
@@ -495,8 +487,6 @@ def main() -> int:
     a = p.parse_args()
     if a.compile and a.system != "aiayn":
         p.error("--compile is for --system aiayn (the peers run as their users run them)")
-    if a.precision == "bf16w" and a.system != "aiayn":
-        p.error("--precision bf16w is aiayn's own option (--precision bf16-weights)")
     torch.set_num_threads(a.threads)
     cfg = workload.model_config(a.config)
     batches = workload.training_batches()

@@ -1,5 +1,5 @@
-"""The workload every system is measured on (issue #7): model sizes, training batches, model FLOPs
-and the machine's matmul peak. Shared by train_systems.py, decode_systems.py and bench_peers.py so
+"""The workload every system is measured on: model sizes, training batches, model FLOPs and the
+machine's matmul peak. Shared by train_systems.py, decode_systems.py and bench_peers.py so
 that every system sees identical configurations and identical batches.
 
 Pure torch + numpy + aiayn (config, special ids, FLOP counting): importable from either venv.
@@ -14,106 +14,60 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiayn.config import PRESETS, Config  # noqa: E402
-from aiayn.model.counting import flops_per_target_token  # noqa: E402
-from aiayn.training.precision import cpu_has_native_bf16  # noqa: E402
-from aiayn.special import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+# torch-free at import (decode_systems.py measures CTranslate2's memory without torch loaded)
+from aiayn.config import BASE, Config  # noqa: E402
 
-VOCAB = 8000  # shared source/target vocabulary, tied embeddings (PEERS.md)
+VOCAB = 8000  # shared source/target vocabulary, tied embeddings
 FIRST_ID = 4  # ids below are the specials PAD=0, UNK=1, BOS=2, EOS=3 (aiayn/special.py)
 MAX_TOKENS = 4000  # per side and batch, padding counted: ~4000 target tokens per update
-CONFIGS = ("tiny", "base")
+# TINY: d_model 256, 3+3 layers, 4 heads, d_ff 1024 (the size of the multi30k preset); BASE: the
+# paper's base model. Both with dropout 0.1 and one shared, tied 8,000-id vocabulary.
+CONFIGS = {"tiny": replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, vocab_size=VOCAB),
+           "base": replace(BASE, vocab_size=VOCAB)}
 
 
 def model_config(name: str) -> Config:
-    """TINY or BASE at vocabulary 8000. The dims come from aiayn's own presets so aiayn and the
-    peers cannot drift apart; the check below fails loudly if a preset ever changes."""
-    cfg = replace(PRESETS[name], vocab_size=VOCAB)
-    # PEERS.md: TINY is d_model 256, 3+3 layers, 4 heads, d_ff 1024, tied; BASE the paper's base
-    # (d_model 512, 6+6 layers, 8 heads, d_ff 2048, tied). `tiny` was checked to be exactly that
-    # (aiayn/config.py: replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, ...)).
-    want = {"tiny": (256, 3, 4, 1024), "base": (512, 6, 8, 2048)}[name]
-    got = (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff)
-    if got != want or not cfg.tie_embeddings or cfg.tgt_vocab != VOCAB or cfg.p_drop != 0.1:
-        raise SystemExit(f"aiayn preset {name!r} is {got}, tied={cfg.tie_embeddings}; the benchmark "
-                         f"expects {want}, tied, p_drop 0.1: update benchmarks/workload.py")
-    return cfg
-
-
-@dataclass
-class Batch:
-    """One training batch, right-padded with PAD. src (B, S) = pieces + [EOS]; tgt_in (B, T) =
-    [BOS] + pieces; tgt_out (B, T) = pieces + [EOS] (the project's convention, CONTRIBUTING.md)."""
-
-    src: torch.Tensor
-    tgt_in: torch.Tensor
-    tgt_out: torch.Tensor
-    n_src: int  # non-PAD cells of src
-    n_tgt: int  # non-PAD cells of tgt_out: the "target tokens" of tokens/s
-
-
-def _pad(rows: list[np.ndarray], width: int) -> np.ndarray:
-    out = np.full((len(rows), width), PAD_ID, np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
+    """TINY or BASE at vocabulary 8000."""
+    return CONFIGS[name]
 
 
 def training_batches(n_pairs: int = 3000, seed: int = 1234, max_tokens: int = MAX_TOKENS,
-                     lo: int = 10, hi: int = 40) -> list[Batch]:
+                     lo: int = 10, hi: int = 40) -> list:
     """Deterministic batches: random ids in [4, VOCAB), source lengths uniform in [lo, hi], target
-    length the source's +-2 (clipped to [lo, hi]) as translation pairs roughly are. As aiayn's
-    sampler does, pairs are sorted by the wider side, then by target minus source length (so
-    neighbours are alike on both sides: ~3% padding, PEERS.md says 2-3%), and cut greedily so that
-    B * (longest + 1) <= max_tokens on both sides. The batches are then put in a seeded random
-    order so that every timing window mixes lengths."""
+    length the source's +-2 (clipped to [lo, hi]) as translation pairs roughly are, batched by
+    aiayn's own sampler and collate (similar lengths together, B * (longest + 1) <= max_tokens on
+    both sides: ~3% padding), in a seeded random order so that every timing window mixes lengths."""
+    from aiayn.data.batching import TokenBatchSampler, collate
+
     rng = np.random.default_rng(seed)
     src_len = rng.integers(lo, hi + 1, n_pairs)
     tgt_len = np.clip(src_len + rng.integers(-2, 3, n_pairs), lo, hi)
-    order = np.lexsort((tgt_len - src_len, np.maximum(src_len, tgt_len)))
-    srcs = [rng.integers(FIRST_ID, VOCAB, n) for n in src_len]
-    tgts = [rng.integers(FIRST_ID, VOCAB, n) for n in tgt_len]
-
-    groups: list[list[int]] = [[]]
-    width_s = width_t = 0
-    for i in order:
-        ws, wt = max(width_s, src_len[i] + 1), max(width_t, tgt_len[i] + 1)
-        if groups[-1] and (len(groups[-1]) + 1) * max(ws, wt) > max_tokens:
-            groups.append([])
-            ws, wt = src_len[i] + 1, tgt_len[i] + 1
-        groups[-1].append(int(i))
-        width_s, width_t = ws, wt
-
-    batches = []
-    for g in groups:
-        S = int(src_len[g].max()) + 1
-        T = int(tgt_len[g].max()) + 1
-        src = _pad([np.append(srcs[i], EOS_ID) for i in g], S)  # (B, S)
-        tgt_in = _pad([np.insert(tgts[i], 0, BOS_ID) for i in g], T)  # (B, T)
-        tgt_out = _pad([np.append(tgts[i], EOS_ID) for i in g], T)  # (B, T)
-        batches.append(Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                             int((src != PAD_ID).sum()), int((tgt_out != PAD_ID).sum())))
+    pairs = [(rng.integers(FIRST_ID, VOCAB, s), rng.integers(FIRST_ID, VOCAB, t))
+             for s, t in zip(src_len, tgt_len)]
+    sampler = TokenBatchSampler(src_len, tgt_len, max_tokens, shuffle=False)
+    batches = [collate(pairs, idx) for idx in sampler.epoch_batches()]
     perm = np.random.default_rng(seed + 1).permutation(len(batches))
     return [batches[i] for i in perm]
 
 
-def mean_lengths(batches: list[Batch]) -> tuple[float, float]:
+def mean_lengths(batches: list) -> tuple[float, float]:
     """Mean source and target length per sentence, EOS included (what the model processes)."""
     n = sum(b.src.shape[0] for b in batches)
-    return sum(b.n_src for b in batches) / n, sum(b.n_tgt for b in batches) / n
+    return sum(b.n_src_tokens for b in batches) / n, sum(b.n_tgt_tokens for b in batches) / n
 
 
-def flops_per_token(cfg: Config, batches: list[Batch]) -> float:
+def flops_per_token(cfg: Config, batches: list) -> float:
     """Model FLOPs per target token of one training step (forward + backward: 3x forward), for
     this workload's mean lengths. Padding is not counted: it is wasted work, not model FLOPs."""
+    from aiayn.model.counting import flops_per_target_token
+
     s, t = mean_lengths(batches)
     return flops_per_target_token(cfg, s, t, training=True)
 
@@ -126,7 +80,9 @@ PEAK_SHAPES = ((4000, 256, 1024), (4000, 1024, 256), (4000, 256, 8000),
                (4000, 512, 512), (4000, 512, 2048), (4000, 2048, 512), (4000, 512, 8000))
 
 
-def _gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float) -> float:
+def _gflops(m: int, k: int, n: int, dtype, seconds: float) -> float:
+    import torch
+
     a = torch.randn(m, k).to(dtype)
     b = torch.randn(k, n).to(dtype)
     out = torch.empty(m, n, dtype=dtype)
@@ -145,6 +101,10 @@ def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
     runs for `seconds`. The MFU denominators of the table (fp32 rows against fp32, bf16 rows
     against bf16). bf16 only where the CPU has it natively: emulated, one product of these shapes
     takes minutes (0.3 GFLOP/s measured on an AVX2 EPYC), and no row would be measured in bf16."""
+    import torch
+
+    from aiayn.training.precision import cpu_has_native_bf16
+
     torch.set_num_threads(threads)
     res: dict = {"threads": threads, "shapes": {}}
     dtypes = [("fp32", torch.float32)]
@@ -169,9 +129,9 @@ def main() -> int:
     if a.describe or not a.peak:
         bs = training_batches()
         s, t = mean_lengths(bs)
-        pad_t = 1 - sum(b.n_tgt for b in bs) / sum(b.tgt_out.numel() for b in bs)
-        pad_s = 1 - sum(b.n_src for b in bs) / sum(b.src.numel() for b in bs)
-        out["batches"] = {"count": len(bs), "mean_tgt_tokens": sum(b.n_tgt for b in bs) / len(bs),
+        pad_t = 1 - sum(b.n_tgt_tokens for b in bs) / sum(b.tgt_out.numel() for b in bs)
+        pad_s = 1 - sum(b.n_src_tokens for b in bs) / sum(b.src.numel() for b in bs)
+        out["batches"] = {"count": len(bs), "mean_tgt_tokens": sum(b.n_tgt_tokens for b in bs) / len(bs),
                           "mean_src_len": s, "mean_tgt_len": t, "pad_src": pad_s, "pad_tgt": pad_t}
         out["flops_per_tok"] = {c: flops_per_token(model_config(c), bs) for c in CONFIGS}
     if a.peak:

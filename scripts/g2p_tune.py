@@ -1,4 +1,4 @@
-"""Checkpoint averaging of a finished G2P run, scored on the validation words only (README, the
+"""Checkpoint averaging of a finished G2P run, scored on the validation words only (docs/experiments/g2p.md, the
 30-minute recipe): for each N, average the run's newest N checkpoints and print valid WER and PER.
 The test words are never read.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create ./.venv-peers: aiayn (editable) plus the peers it is benchmarked against (issue #7,
+# Create ./.venv-peers: aiayn (editable) plus the peers it is benchmarked against (
 # benchmarks/bench_peers.py). Kept apart from .venv so the peers never touch the core install.
 # Order matters: torch==2.13.0 first (a local CPU wheel; pip must never resolve torch itself, it
 # would fetch a multi-gigabyte CUDA build), then aiayn, then benchmarks/requirements-peers.txt,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_fixtures import MICRO
 
 TEXTS = [
     "the cat sat on the mat",
@@ -31,14 +32,13 @@ def one_thread():
 def model_dir(tmp_path_factory) -> Path:
     """A saved model directory: a random 1-layer micro model with a tiny shared sentencepiece
     vocabulary learned from TEXTS."""
-    from aiayn.config import get_preset
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.model import Transformer
     from aiayn.model.io import save_model
 
     d = tmp_path_factory.mktemp("model")
     tok = Tokenizer.train(TEXTS * 3, 48, path=d / "spm.model", byte_fallback=False)
-    cfg = replace(get_preset("micro"), vocab_size=tok.vocab_size, n_layers=1, d_model=32,
+    cfg = replace(MICRO, vocab_size=tok.vocab_size, n_layers=1, d_model=32,
                   d_ff=64, n_heads=4, max_len_b=8)
     torch.manual_seed(0)
     model = Transformer(cfg).eval()
@@ -83,7 +83,6 @@ def train_reverser(cfg, steps: int = 120, seed: int = 0):
 
 def reverser_model_dir(root: Path, separate: bool = False, **overrides) -> Path:
     """A saved, briefly trained model directory; `separate` gives it its own target vocabulary."""
-    from aiayn.config import get_preset
     from aiayn.data.tokenizer import Tokenizer
     from aiayn.model.io import save_model
 
@@ -97,5 +96,5 @@ def reverser_model_dir(root: Path, separate: bool = False, **overrides) -> Path:
         src_tok = Tokenizer.train(TEXTS * 3, 48, path=root / "spm.model", byte_fallback=False)
         files = {"spm.model": root / "spm.model"}
     sizes = dict(n_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
-    cfg = replace(get_preset("micro"), vocab_size=src_tok.vocab_size, **{**sizes, **overrides})
+    cfg = replace(MICRO, vocab_size=src_tok.vocab_size, **{**sizes, **overrides})
     return save_model(root / "model", train_reverser(cfg), cfg, files)

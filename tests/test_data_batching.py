@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.data.batching import Batch, TokenBatchSampler, collate, cut_points, split_for_ranks
+from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, length_batches, pad_rows,
+                                 split_for_ranks)
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import UserError
 
@@ -243,3 +244,48 @@ def test_sampler_and_collate_shapes_respect_budget(pairs):
     for idx in TokenBatchSampler(src, tgt, 48, seed=0):
         b = collate(ds, idx)
         assert b.src.numel() <= 48 and b.tgt_in.numel() <= 48 and b.tgt_out.numel() <= 48
+
+
+def test_length_batches_cover_everything_longest_first():
+    lengths = [2, 9, 0, 6, 6, 1, 29]  # pieces; the budget counts them + EOS
+    batches = [b.tolist() for b in length_batches(lengths, 20)]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [6]  # too long for the budget: a batch of its own
+    for b in batches:
+        assert len(b) == 1 or len(b) * (max(lengths[i] for i in b) + 1) <= 20
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest == sorted(longest, reverse=True)
+    assert all(len(b) <= 2 for b in length_batches(lengths, 1000, max_sentences=2))
+    # the target side counts too when given
+    for b in length_batches([1, 1, 1, 1], 8, tgt_lengths=[1, 1, 3, 3]):
+        assert len(b) * (max([1, 1, 3, 3][i] for i in b) + 1) <= 8
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_pad_multiple_rounds_widths_and_charges_them(multiple):
+    rng = np.random.default_rng(4)
+    pairs = [(rng.integers(4, 50, rng.integers(1, 30)).tolist(), rng.integers(4, 50, rng.integers(1, 30)).tolist())
+             for _ in range(300)]
+    ds = ListDataset(pairs)
+    s = TokenBatchSampler([len(p[0]) for p in pairs], [len(p[1]) for p in pairs], 256, seed=0,
+                          pad_multiple=multiple)
+    seen = []
+    for idx in s.epoch_batches():
+        b = collate(ds, idx, multiple)
+        assert b.src.shape[1] % multiple == 0 and b.tgt_in.shape[1] % multiple == 0
+        assert b.src.numel() <= 256 and b.tgt_in.numel() <= 256
+        # the rounding only adds PAD columns: the unpadded batch is a prefix of the padded one
+        plain = collate(ds, idx)
+        assert torch.equal(b.src[:, : plain.src.shape[1]], plain.src)
+        assert (b.src[:, plain.src.shape[1]:] == PAD_ID).all()
+        assert torch.equal(b.tgt_out[:, : plain.tgt_out.shape[1]], plain.tgt_out)
+        seen += idx.tolist()
+    assert sorted(seen) == list(range(len(pairs)))
+
+
+def test_pad_rows_right_and_left():
+    rows = [[5, 6, 7], [], [8]]
+    right, n = pad_rows(rows, extra=1, pad_id=9)
+    assert right.tolist() == [[5, 6, 7, 9], [9, 9, 9, 9], [8, 9, 9, 9]] and n.tolist() == [3, 0, 1]
+    left, _ = pad_rows(rows, extra=0, multiple=4, pad_id=9, left=True)
+    assert left.tolist() == [[9, 5, 6, 7], [9, 9, 9, 9], [9, 9, 9, 8]]

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.config import get_preset
 from aiayn.decoding import beam_search, greedy_search, source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+from training_fixtures import MICRO
 
 VOCAB = 24
 
@@ -40,7 +40,7 @@ class RampEos(Transformer):
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(3)
-    cfg = replace(get_preset("micro"), vocab_size=VOCAB, n_layers=2, d_model=32, d_ff=64,
+    cfg = replace(MICRO, vocab_size=VOCAB, n_layers=2, d_model=32, d_ff=64,
                   n_heads=4, max_len_b=12)
     return RampEos(cfg).eval()
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.config import get_preset
 from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
 from aiayn.decoding.common import next_token_logprobs, source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+from training_fixtures import MICRO
 
 V = 10  # ids 4..9 are ordinary tokens
 A, B, C, D = 4, 5, 6, 7
@@ -262,7 +262,7 @@ class NoEos(Transformer):
 
 
 def test_learned_positions_cap_the_output_length():
-    cfg = replace(get_preset("micro"), vocab_size=16, positions="learned", max_positions=8,
+    cfg = replace(MICRO, vocab_size=16, positions="learned", max_positions=8,
                   n_layers=1, d_model=16, d_ff=32, n_heads=2)
     torch.manual_seed(0)
     model = NoEos(cfg).eval()

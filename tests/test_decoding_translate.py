@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.decoding.translate import Translator, length_batches, search_batched, SearchOptions
+from aiayn.decoding.translate import Translator, search_batched, SearchOptions
 from aiayn.model.io import load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,18 +29,6 @@ LINES = [
     "   ",
     "ein hund läuft im park",
 ]
-
-
-def test_length_batches_cover_everything_longest_first():
-    lengths = [3, 10, 1, 7, 7, 2, 30]
-    batches = length_batches(lengths, batch_tokens=20)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert batches[0] == [6]  # too long for the budget: a batch of its own
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 20
-    flat = [lengths[i] for b in batches for i in b]
-    assert flat == sorted(flat, reverse=True)
-    assert all(len(b) <= 2 for b in length_batches(lengths, 1000, batch_size=2))
 
 
 def test_translator_keeps_order_and_empty_lines(loaded):

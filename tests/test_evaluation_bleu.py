@@ -24,7 +24,7 @@ from aiayn.evaluation import (
 
 
 def reference_bleu(hyps: list[list[str]], refs: list[list[str]]) -> float:
-    """The SPEC formula written out plainly: clipped n-gram counts summed over the corpus."""
+    """The paper's formula written out plainly: clipped n-gram counts summed over the corpus."""
     log_p = 0.0
     for n in range(1, 5):
         matched = total = 0

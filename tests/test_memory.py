@@ -52,7 +52,7 @@ def test_the_cli_applies_them_at_startup():
         import contextlib, io, os
         from aiayn.cli import main
         with contextlib.redirect_stdout(io.StringIO()):
-            main(["info", "--preset", "micro"])
+            main(["info", "--preset", "base"])
         print(os.environ.get("THP_MEM_ALLOC_ENABLE"))
     """
     assert run_python(code) == "1"
@@ -120,12 +120,12 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 @with_mimalloc
 def test_the_command_restarts_on_mimalloc_unless_told_not_to():
-    allocator = [ln for ln in run_cli("info", "--preset", "micro").stdout.splitlines()
+    allocator = [ln for ln in run_cli("info", "--preset", "base").stdout.splitlines()
                  if ln.startswith("allocator")]
     assert allocator and allocator[0].split()[1] == "mimalloc"
-    out = run_cli("info", "--preset", "micro", AIAYN_ALLOCATOR="system").stdout
+    out = run_cli("info", "--preset", "base", AIAYN_ALLOCATOR="system").stdout
     assert "allocator       system malloc" in out
-    bad = run_cli("info", "--preset", "micro", AIAYN_ALLOCATOR="tcmalloc")
+    bad = run_cli("info", "--preset", "base", AIAYN_ALLOCATOR="tcmalloc")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
         "aiayn: error: AIAYN_ALLOCATOR must be one of mimalloc, system, got 'tcmalloc'"]
@@ -135,7 +135,7 @@ def test_called_with_arguments_the_cli_never_restarts(capsys):
     from aiayn.cli import main
     from aiayn.memory import allocator_in_use
 
-    assert main(["info", "--preset", "micro"]) == 0  # an execve would have ended pytest here
+    assert main(["info", "--preset", "base"]) == 0  # an execve would have ended pytest here
     assert f"allocator       {allocator_in_use()}" in capsys.readouterr().out
 
 

@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 import pytest
 
 from aiayn import BASE, PRESETS, Config, UserError, count_parameters, load_config
+from training_fixtures import MICRO
 
 TABLE3_DELTAS = {  # row -> the fields the paper's Table 3 changes from base
     "A1": dict(n_heads=1, d_k=512, d_v=512), "A4": dict(n_heads=4, d_k=128, d_v=128),
@@ -44,6 +45,45 @@ def test_presets_are_exactly_their_table3_delta(name):
     assert changed == expected
 
 
+def test_config_py_holds_only_the_papers_presets_and_recipes_keep_theirs():
+    from aiayn.config import all_presets, get_preset
+    from aiayn.recipes import recipe_presets
+
+    assert set(PRESETS) == {"base", "parsing", *TABLE3_DELTAS}
+    recipes = recipe_presets()
+    assert {"g2p", "g2p-v2", "multi30k", "multi30k-v3"} <= set(recipes)
+    assert not set(recipes) & set(PRESETS) and all_presets() == {**PRESETS, **recipes}
+    # each later preset is its parent plus the documented delta
+    assert get_preset("g2p-v2") == replace(get_preset("g2p"), lr_cooldown=0.2)
+    assert get_preset("multi30k-v3") == replace(get_preset("multi30k"), p_attn_drop=0.1,
+                                                p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2)
+
+
+@pytest.mark.parametrize("name", ["multi30k-v2", "tiny", "micro"])
+def test_a_retired_preset_fails_naming_a_successor_with_the_same_settings(name):
+    from aiayn.recipes import RETIRED_PRESETS
+
+    with pytest.raises(UserError, match=f"preset '{name}' was removed; use `--preset"):
+        load_config(name)
+    # the successor the message names gives exactly the settings the name had
+    successor = RETIRED_PRESETS[name].split("`")[1].split()
+    preset = successor[1]
+    overrides = successor[3:] if "--set" in successor else []
+    old = {"multi30k-v2": dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3,
+                               warmup_steps=1000, max_tokens=4096, p_attn_drop=0.1,
+                               p_ffn_drop=0.1, alpha=1.5),
+           "tiny": dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, warmup_steps=1000,
+                        max_tokens=4096, max_steps=20_000),
+           "micro": dict(n_layers=2, d_model=64, d_ff=256, n_heads=4, warmup_steps=200,
+                         max_tokens=2048, max_steps=2000)}[name]
+    assert load_config(preset, overrides=overrides) == replace(BASE, **old)
+
+
+def test_saved_configs_of_retired_fields_still_load():
+    d = replace(BASE, vocab_size=100).to_dict()
+    assert Config.from_dict({**d, "p_bpe_drop": 0.0}) == Config.from_dict(d)
+
+
 def closed_form_parameters(c: Config) -> int:
     """Independent count: embeddings, per-layer attention/FFN/LayerNorm, optional extras."""
     d, hk, hv = c.d_model, c.n_heads * c.head_dim_k, c.n_heads * c.head_dim_v
@@ -72,7 +112,7 @@ def test_every_preset_parameter_count_matches_closed_form(name):
                                    dict(tie_embeddings=False, tgt_vocab_size=900, tie_output=False),
                                    dict(tie_embeddings=False, tgt_vocab_size=900)])
 def test_options_parameter_count_matches_closed_form(delta):
-    cfg = replace(PRESETS["micro"], vocab_size=1000, **delta)
+    cfg = replace(MICRO, vocab_size=1000, **delta)
     assert count_parameters(cfg) == closed_form_parameters(cfg)
 
 

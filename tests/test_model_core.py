@@ -8,11 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn import PRESETS, Transformer
+from aiayn import Transformer
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.embedding import sinusoidal_table
+from training_fixtures import MICRO
 
-MICRO = replace(PRESETS["micro"], vocab_size=40, p_drop=0.0)
+MICRO = replace(MICRO, vocab_size=40, p_drop=0.0)
 
 VARIANTS = {
     "paper": MICRO,

@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn import PRESETS, Transformer
+from aiayn import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+from training_fixtures import MICRO
 
 N_SYMBOLS, MIN_LEN, MAX_LEN = 10, 3, 7
 VOCAB = 4 + N_SYMBOLS
@@ -49,7 +50,7 @@ def test_tiny_model_learns_task(task):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     fn = (lambda s: s) if task == "copy" else (lambda s: s[::-1])
-    cfg = replace(PRESETS["micro"], vocab_size=VOCAB, p_drop=0.0, n_layers=2, d_model=64, d_ff=128)
+    cfg = replace(MICRO, vocab_size=VOCAB, p_drop=0.0, n_layers=2, d_model=64, d_ff=128)
     model = Transformer(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
     held_out = sample(200, torch.Generator().manual_seed(99))

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli_main
-from aiayn.config import get_preset
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, save_model
 from aiayn.model.transformer import Transformer
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.average import average_checkpoints, average_state_dicts
-from test_training_fixtures import tiny_dataset
+from training_fixtures import MICRO, tiny_dataset
 
 
 def test_average_of_two_known_state_dicts():
@@ -58,7 +57,7 @@ def model_dir(path, cfg, seed, spm):
 
 
 def test_average_checkpoints_and_architecture_mismatch(tmp_path, spm, capsys):
-    cfg = replace(get_preset("micro"), vocab_size=25, d_model=16, d_ff=32, n_layers=1)
+    cfg = replace(MICRO, vocab_size=25, d_model=16, d_ff=32, n_layers=1)
     a = model_dir(tmp_path / "a", cfg, 1, spm)
     b = model_dir(tmp_path / "b", replace(cfg, p_drop=0.3), 2, spm)  # recipe fields may differ
     out = average_checkpoints([a, b], tmp_path / "avg")
@@ -69,7 +68,7 @@ def test_average_checkpoints_and_architecture_mismatch(tmp_path, spm, capsys):
     assert m.cfg.p_drop == 0.3 and m.meta["averaged_from"] == [str(a), str(b)]
 
     c = model_dir(tmp_path / "c", replace(cfg, d_ff=64), 3, spm)
-    with pytest.raises(UserError, match="d_ff is 64, not 32"):
+    with pytest.raises(UserError, match="different architecture.*d_ff: 32 -> 64"):
         average_checkpoints([a, c], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     code = cli_main(["average", "--inputs", str(a), str(c), "--out", str(tmp_path / "bad")])
@@ -84,7 +83,7 @@ def test_average_checkpoints_and_architecture_mismatch(tmp_path, spm, capsys):
 
 
 def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm, monkeypatch):
-    cfg = replace(get_preset("micro"), vocab_size=25, d_model=16, d_ff=32, n_layers=1)
+    cfg = replace(MICRO, vocab_size=25, d_model=16, d_ff=32, n_layers=1)
     w = Transformer(cfg).state_dict()
     for step in (1, 2, 3, 4):
         ckpt.save_checkpoint(tmp_path, step, w, cfg, spm, {"step": step},

@@ -135,8 +135,7 @@ def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
     """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory."""
     import numpy as np
 
-    from aiayn.data.batching import collate
-    from aiayn.decoding.translate import length_batches
+    from aiayn.data.batching import collate, length_batches
     from aiayn.evaluation.perplexity import reference_perplexity
     from aiayn.model.io import load_model
 
@@ -144,6 +143,6 @@ def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
     pairs = [(np.asarray(s, np.int64), np.asarray(t, np.int64))
              for s, t in zip(loaded.src_tokenizer.encode_batch(srcs),
                              loaded.tgt_tokenizer.encode_batch(refs))]
-    lengths = [max(len(s), len(t)) + 1 for s, t in pairs]
-    batches = (collate(pairs, b) for b in length_batches(lengths, batch_tokens))
+    batches = (collate(pairs, b) for b in length_batches([len(s) for s, _ in pairs], batch_tokens,
+                                                         [len(t) for _, t in pairs]))
     return reference_perplexity(loaded.model, batches)

@@ -21,13 +21,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from aiayn.config import PRESETS, load_config
+    from aiayn.recipes import RECIPE_MODULES, recipe_presets
     from aiayn.errors import UserError
     from aiayn.memory import allocator_in_use
     from aiayn.model.counting import count_parameters, flops_per_target_token
 
     if args.list:
-        for name in PRESETS:
-            print(name)
+        print("the paper's (aiayn/config.py): " + " ".join(PRESETS))
+        print(f"the recipes' (aiayn/recipes/{{{','.join(RECIPE_MODULES)}}}.py): "
+              + " ".join(recipe_presets()))
         return 0
     if args.vocab_size < 1:
         raise UserError(f"--vocab-size must be >= 1, got {args.vocab_size}")

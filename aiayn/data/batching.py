@@ -11,9 +11,8 @@ target output) or BOS (target input), i.e. pieces + 1.
 How: pairs are sorted by k = max(src_len, tgt_len) + 1, then by tgt_len - src_len (see
 `sort_key`) to waste less padding on the shorter side, with ties in random order; the sorted run is
 cut greedily into the largest batches with B * k_max <= max_tokens (which implies both budgets).
-Because the sorted sequence of k is the same every epoch, so are the cut points and the batch count
-(unless the text is re-segmented every epoch: `aiayn.data.resegment`, BPE-dropout); each epoch
-changes which equal-length pairs share a batch and the order of the batches. Everything is a
+Because the sorted sequence of k is the same every epoch, so are the cut points and the batch count;
+each epoch changes which equal-length pairs share a batch and the order of the batches. Everything is a
 function of (seed, epoch): deterministic, and resumable from `state_dict()` = {epoch, position}.
 
 Distributed training: batch b goes to rank b % world_size. DDP needs every rank to take the same
@@ -43,10 +42,15 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 # --- planning (pure functions on lengths) -------------------------------------------------------
 
 
+def round_up(x: np.ndarray | int, multiple: int) -> np.ndarray | int:
+    """`x` rounded up to a multiple of `multiple` (1: unchanged)."""
+    return -(-x // multiple) * multiple
+
+
 def sort_key(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(k, secondary) per pair; lengths exclude EOS/BOS.
 
-    k = max(src, tgt) + 1 is the padded width the budget sees. Among equal k, secondary = tgt - src
+    k = max(src, tgt) + 1 is the padded width the budget sees (before rounding, see `round_up`). Among equal k, secondary = tgt - src
     (shifted to be >= 0) runs from "source longest, target short" through "both k - 1" to "target
     longest, source short", so neighbours have similar lengths on both sides: on Multi30k this
     wastes 2-4x less padding than sorting by k alone at small budgets.
@@ -64,9 +68,10 @@ def length_order(k: np.ndarray, secondary: np.ndarray, rng: np.random.Generator 
     return perm[np.argsort(key, kind="stable")]
 
 
-def cut_points(k_sorted: np.ndarray, max_tokens: int) -> np.ndarray:
+def cut_points(k_sorted: np.ndarray, max_tokens: int, max_sentences: int | None = None) -> np.ndarray:
     """Batch boundaries over a non-decreasing array of widths: the greedy largest batches with
-    size * max width <= max_tokens. Returns starts+[n], so batch j is [b[j], b[j+1]).
+    size * max width <= max_tokens (and size <= max_sentences when given). Returns starts+[n], so
+    batch j is [b[j], b[j+1]).
     A width > max_tokens gets a batch of its own (callers reject it first when not allowed)."""
     n = len(k_sorted)
     if n == 0:
@@ -77,6 +82,8 @@ def cut_points(k_sorted: np.ndarray, max_tokens: int) -> np.ndarray:
     vals, first = np.unique(k_sorted, return_index=True)
     end = np.append(first[1:], n)  # exclusive end of each width's run
     cap = max_tokens // vals
+    if max_sentences is not None:
+        cap = np.minimum(cap, max_sentences)
     starts = [0]
     i, j = 0, 0
     while i < n:
@@ -108,25 +115,16 @@ def split_for_ranks(bounds: np.ndarray, k_sorted: np.ndarray, world_size: int) -
 # --- the sampler --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EpochLayout:
-    """One epoch's lengths (pieces, no EOS/BOS), sort keys and batch boundaries (see `cut_points`)."""
-
-    src: np.ndarray
-    tgt: np.ndarray
-    k: np.ndarray
-    secondary: np.ndarray
-    bounds: np.ndarray
-
-
 class TokenBatchSampler:
     """Batches (numpy arrays of pair indices) for one rank, epoch after epoch.
 
     Iterating yields the rest of the current epoch from `position`; a new `iter()` after a finished
     epoch starts the next one. `len()` is the number of batches per epoch for this rank (the same
-    for every rank; the same for every epoch unless a subclass re-segments the text per epoch, as
-    `aiayn.data.resegment.ResegmentingSampler` does). `state_dict()` counts the batches handed
-    out: with a prefetching loader, save the number the trainer consumed instead.
+    for every rank and every epoch). `state_dict()` counts the batches handed out: with a
+    prefetching loader, save the number the trainer consumed instead.
+
+    `pad_multiple` rounds each batch's width up to a multiple (`collate` pads to it) and charges
+    the budget that width: fewer distinct tensor shapes. `max_sentences` caps a batch's pairs.
     """
 
     def __init__(
@@ -141,6 +139,8 @@ class TokenBatchSampler:
         world_size: int = 1,
         allow_oversize: bool = False,
         epoch: int = 0,
+        pad_multiple: int = 1,
+        max_sentences: int | None = None,
     ):
         src = np.asarray(src_lengths, np.int64)
         tgt = np.asarray(tgt_lengths, np.int64)
@@ -156,52 +156,43 @@ class TokenBatchSampler:
         self.max_tokens, self.seed, self.shuffle = int(max_tokens), int(seed), shuffle
         self.rank, self.world_size = rank, world_size
         self.epoch, self.position = int(epoch), 0
-        self.allow_oversize = allow_oversize
-        self._fixed = self._plan(src, tgt)
-        self._cache: tuple[int, list[np.ndarray]] | None = None
-
-    def _plan(self, src: np.ndarray, tgt: np.ndarray) -> EpochLayout:
-        k, secondary = sort_key(src, tgt)
-        too_big = np.flatnonzero(k > self.max_tokens)
-        if len(too_big) and not self.allow_oversize:
+        self.pad_multiple = int(pad_multiple)
+        self.k, self.secondary = sort_key(src, tgt)
+        widths = round_up(self.k, self.pad_multiple)
+        too_big = np.flatnonzero(widths > self.max_tokens)
+        if len(too_big) and not allow_oversize:
             i = int(too_big[0])
             raise UserError(
                 f"pair {i} has {src[i] + 1} source / {tgt[i] + 1} target tokens with EOS/BOS, more "
                 f"than max_tokens={self.max_tokens} ({len(too_big)} such pairs); raise max_tokens or "
                 f"re-run aiayn prepare with --max-len {self.max_tokens - 1}"
             )
-        k_sorted = np.sort(k)
-        bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens), k_sorted, self.world_size)
-        return EpochLayout(src, tgt, k, secondary, bounds)
-
-    def layout(self, epoch: int) -> EpochLayout:
-        """The lengths and cut points of `epoch`: the same every epoch here; a subclass whose
-        segmentation changes per epoch (BPE-dropout) plans each epoch anew."""
-        return self._fixed
+        # pairs stay sorted by their own widths; the budget charges each batch its rounded width
+        k_sorted = np.sort(widths)
+        self.bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens, max_sentences),
+                                      k_sorted, world_size)
+        self._cache: tuple[int, list[np.ndarray]] | None = None
 
     # --- one epoch ------------------------------------------------------------------------------
 
     def epoch_batches(self, epoch: int | None = None, all_ranks: bool = False) -> list[np.ndarray]:
         """The batches of `epoch` (default: the current one) in iteration order, for this rank or,
-        with `all_ranks`, for all ranks interleaved (batch b belongs to rank b % world_size)."""
+        with `all_ranks`, for all ranks interleaved (batch b belongs to rank b % world_size).
+        Without `shuffle`: every epoch the same batches, shortest first."""
         epoch = self.epoch if epoch is None else epoch
         if self._cache is None or self._cache[0] != epoch:
-            lay = self.layout(epoch)
             rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-            order = length_order(lay.k, lay.secondary, rng)
-            batches = np.split(order, lay.bounds[1:-1])
+            order = length_order(self.k, self.secondary, rng)
+            batches = np.split(order, self.bounds[1:-1])
             if rng is not None:
                 batches = [batches[j] for j in rng.permutation(len(batches))]
             self._cache = (epoch, batches)
         batches = self._cache[1]
         return batches if all_ranks else batches[self.rank :: self.world_size]
 
-    def batches_per_rank(self, epoch: int) -> int:
-        return (len(self.layout(epoch).bounds) - 1) // self.world_size
-
     def __len__(self) -> int:
-        """Batches per rank in the current epoch."""
-        return self.batches_per_rank(self.epoch)
+        """Batches per rank in every epoch."""
+        return (len(self.bounds) - 1) // self.world_size
 
     def __iter__(self) -> Iterator[np.ndarray]:
         if self.position >= len(self):
@@ -219,11 +210,11 @@ class TokenBatchSampler:
     def padding_fraction(self) -> float:
         """Share of the padded src+tgt tensor cells (all ranks, current epoch) that are PAD."""
         real = padded = 0
-        lay = self.layout(self.epoch)
         for idx in self.epoch_batches(all_ranks=True):
-            s, t = lay.src[idx] + 1, lay.tgt[idx] + 1
+            s, t = self.src_lengths[idx] + 1, self.tgt_lengths[idx] + 1
             real += int(s.sum() + t.sum())
-            padded += len(idx) * int(s.max() + t.max())
+            padded += len(idx) * int(round_up(s.max(), self.pad_multiple)
+                                     + round_up(t.max(), self.pad_multiple))
         return 1.0 - real / padded if padded else 0.0
 
     # --- resuming -------------------------------------------------------------------------------
@@ -236,14 +227,26 @@ class TokenBatchSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` left off; the data and batching settings must be the same."""
         mine = self.state_dict()
-        for key in ("seed", "max_tokens", "world_size", "n_pairs"):
+        for key in ("seed", "max_tokens", "world_size", "n_pairs", "batches_per_rank"):
             if key in state and state[key] != mine[key]:
                 raise UserError(f"cannot resume batches: saved with {key}={state[key]}, now {mine[key]}")
         epoch, position = int(state["epoch"]), int(state["position"])
-        n = self.batches_per_rank(epoch)
-        if not 0 <= position <= n:
-            raise UserError(f"cannot resume batches: position {position} outside 0..{n}")
+        if not 0 <= position <= len(self):
+            raise UserError(f"cannot resume batches: position {position} outside 0..{len(self)}")
         self.epoch, self.position = epoch, position
+
+
+def length_batches(src_lengths: Sequence[int] | np.ndarray, max_tokens: int,
+                   tgt_lengths: Sequence[int] | np.ndarray | None = None,
+                   max_sentences: int | None = None) -> list[np.ndarray]:
+    """Every index once, in batches of similar length within the budget, longest first, for
+    evaluation and translation (no shuffling; a pair over the budget gets a batch of its own).
+    Lengths are pieces, without EOS/BOS; a missing target side counts as empty."""
+    src = np.asarray(src_lengths, np.int64)
+    tgt = np.zeros_like(src) if tgt_lengths is None else tgt_lengths
+    sampler = TokenBatchSampler(src, tgt, max_tokens, shuffle=False, allow_oversize=True,
+                                max_sentences=max_sentences)
+    return sampler.epoch_batches()[::-1]
 
 
 # --- tensors ------------------------------------------------------------------------------------
@@ -284,42 +287,52 @@ class Batch:
                      self.n_src_tokens, self.n_tgt_tokens, self.indices)
 
 
-def pad_pieces(
-    flat: np.ndarray, offsets: np.ndarray, indices: np.ndarray, extra: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """(B, max_len + extra) int64 matrix of the sentences' pieces, left-aligned and PAD-filled, and
-    their lengths; gathered from a concatenated id array in one vectorised step."""
+def pad_pieces(flat: np.ndarray, offsets: np.ndarray, indices: np.ndarray, extra: int = 1,
+               multiple: int = 1, pad_id: int = PAD_ID, left: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The project's one padding routine: (B, W) int64 matrix of the sentences `indices` of a
+    concatenated id array (sentence i is flat[offsets[i]:offsets[i + 1]]), and their lengths.
+
+    W = longest + `extra` free columns (for an EOS or BOS the caller writes), rounded up to
+    `multiple`. Rows are left-aligned and filled with `pad_id`, or right-aligned with `left` (for
+    systems that pad on the left). Gathered in one vectorised step, no Python loop over rows."""
     starts = offsets[indices]
     lengths = offsets[indices + 1] - starts
-    width = int(lengths.max(initial=0)) + extra
-    col = np.arange(width)
-    real = col[None, :] < lengths[:, None]  # (B, W)
-    out = np.full((len(indices), width), PAD_ID, np.int64)
-    out[real] = flat[(starts[:, None] + col[None, :])[real]]
+    width = round_up(int(lengths.max(initial=0)) + extra, multiple)
+    col = np.arange(width)[None, :]  # (1, W)
+    if left:
+        col = col - (width - lengths)[:, None]  # (B, W): each row's pieces end in the last column
+    real = (col >= 0) & (col < lengths[:, None])  # (B, W)
+    out = np.full((len(indices), width), pad_id, np.int64)
+    out[real] = flat[(starts[:, None] + col)[real]]
     return out, lengths
 
 
-def _pad_rows(rows: list[np.ndarray], extra: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def pad_rows(rows: Sequence[Sequence[int]], extra: int = 1, multiple: int = 1, pad_id: int = PAD_ID,
+             left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """`pad_pieces` for a list of id sequences."""
     lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
-    out = np.full((len(rows), int(lengths.max(initial=0)) + extra), PAD_ID, np.int64)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = r
-    return out, lengths
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = (np.concatenate([np.asarray(r, np.int64) for r in rows]) if len(rows)
+            else np.zeros(0, np.int64))
+    return pad_pieces(flat, offsets, np.arange(len(rows)), extra, multiple, pad_id, left)
 
 
-def collate(dataset: Any, indices: Sequence[int] | np.ndarray) -> Batch:
-    """Padded tensors for the pairs `indices` of `dataset`. Fast path for `ParallelDataset`
-    (anything with src_ids/src_offsets/tgt_ids/tgt_offsets); otherwise `dataset[i] -> (src, tgt)`."""
+def collate(dataset: Any, indices: Sequence[int] | np.ndarray, pad_multiple: int = 1) -> Batch:
+    """Padded tensors for the pairs `indices` of `dataset`, widths rounded up to `pad_multiple`.
+    Fast path for `ParallelDataset` (anything with src_ids/src_offsets/tgt_ids/tgt_offsets);
+    otherwise `dataset[i] -> (src, tgt)`."""
     idx = np.asarray(indices, np.int64)
     if len(idx) == 0:
         raise ValueError("cannot collate an empty batch")
     if all(hasattr(dataset, a) for a in ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets")):
-        src, src_len = pad_pieces(dataset.src_ids, dataset.src_offsets, idx)
-        tgt, tgt_len = pad_pieces(dataset.tgt_ids, dataset.tgt_offsets, idx)
+        src, src_len = pad_pieces(dataset.src_ids, dataset.src_offsets, idx, multiple=pad_multiple)
+        tgt, tgt_len = pad_pieces(dataset.tgt_ids, dataset.tgt_offsets, idx, multiple=pad_multiple)
     else:
         pairs = [dataset[int(i)] for i in idx]
-        src, src_len = _pad_rows([np.asarray(p[0]) for p in pairs])
-        tgt, tgt_len = _pad_rows([np.asarray(p[1]) for p in pairs])
+        src, src_len = pad_rows([p[0] for p in pairs], multiple=pad_multiple)
+        tgt, tgt_len = pad_rows([p[1] for p in pairs], multiple=pad_multiple)
     rows = np.arange(len(idx))
     src[rows, src_len] = EOS_ID  # (B, S): pieces + [EOS]
     tgt_in = np.empty_like(tgt)  # (B, T): [BOS] + pieces

@@ -17,11 +17,12 @@ A dataset directory holds:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from aiayn.config import Config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
@@ -97,6 +98,18 @@ class DatasetInfo:
     @property
     def shared_vocab(self) -> bool:
         return self.src_tokenizer is self.tgt_tokenizer
+
+    def split(self, name: str) -> "ParallelDataset":
+        """One split, memory-mapped (a one-line error names the splits there are)."""
+        return ParallelDataset(self.directory, name, info=self)
+
+    def model_config(self, cfg: Config) -> Config:
+        """`cfg` with the vocabulary sizes of this dataset's tokenizer(s) (§3.4: one shared
+        vocabulary ties the embeddings; separate ones cannot be tied)."""
+        if self.shared_vocab:
+            return replace(cfg, vocab_size=self.src_tokenizer.vocab_size, tgt_vocab_size=0)
+        return replace(cfg, vocab_size=self.src_tokenizer.vocab_size,
+                       tgt_vocab_size=self.tgt_tokenizer.vocab_size, tie_embeddings=False)
 
 
 def load_dataset_dir(directory: str | Path) -> DatasetInfo:
@@ -197,16 +210,3 @@ class ParallelDataset:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["directory"], state["split"])
-
-
-_MOVED_TO_PREPARE = ("PrepareOptions", "PrepareResult", "prepare_dataset", "format_summary")
-
-
-def __getattr__(name: str):
-    # The writing side lives in aiayn.data.prepare (which imports this module); keep
-    # `from aiayn.data.dataset import prepare_dataset` working without a circular import.
-    if name in _MOVED_TO_PREPARE:
-        from aiayn.data import prepare
-
-        return getattr(prepare, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,12 +104,11 @@ def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = 
                  ) -> tuple[Tensor, Tensor]:
     """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD.
     Returns src (B, S) int64 and src_mask (B, S) bool, True at real tokens."""
-    longest = max((len(s) for s in sources), default=0) + 1
-    src = torch.full((len(sources), longest), PAD_ID, dtype=torch.long)
-    for i, s in enumerate(sources):
-        src[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-        src[i, len(s)] = EOS_ID
-    src = src.to(device)
+    from aiayn.data.batching import pad_rows
+
+    rows, lengths = pad_rows(sources)  # (B, S): pieces, then a free column for EOS
+    rows[np.arange(len(rows)), lengths] = EOS_ID
+    src = torch.from_numpy(rows).to(device)
     return src, src != PAD_ID
 
 

@@ -71,26 +71,6 @@ class SearchOptions:
         return self
 
 
-def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None
-                   ) -> list[list[int]]:
-    """Indices grouped into batches of similar length, longest first. A batch's cost is
-    (sentences) x (its longest length); each batch keeps it <= batch_tokens (a single sentence
-    longer than that forms a batch of its own) and holds at most batch_size sentences."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        longest = lengths[cur[0]] if cur else lengths[i]
-        full = batch_size is not None and len(cur) >= batch_size
-        if cur and (full or (len(cur) + 1) * longest > batch_tokens):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
-
-
 def _first_parameter(model: Any) -> torch.Tensor | None:
     return next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
 
@@ -119,8 +99,9 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
 
     cfg = decoding_defaults(model)
     options.validate(cfg)
+    from aiayn.data.batching import length_batches
+
     device = model_device(model)
-    lengths = [len(s) + 1 for s in sources]  # + EOS
     results: list[list[Hypothesis]] = [[] for _ in sources]
     # A model whose weights are already bf16 (`Translator(bf16=True)`) runs as it is; autocast
     # would re-cast fp32 weights at every decoding step, and run LayerNorm in fp32.
@@ -132,7 +113,8 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     try:
         with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent",
                   dynamic_ncols=True, leave=False) as bar, autocast:
-            for batch in length_batches(lengths, options.batch_tokens, options.batch_size):
+            for batch in length_batches([len(s) for s in sources], options.batch_tokens,
+                                        max_sentences=options.batch_size):
                 src, src_mask = source_batch([sources[i] for i in batch], device)
                 if options.greedy:
                     found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,

@@ -1,6 +1,6 @@
 """Corpus BLEU on already tokenized text: the one BLEU core every tokenized score goes through.
 
-SPEC "Inference and evaluation": BLEU = BP * exp(sum_n w_n log p_n), n = 1..4, w_n = 1/4, where p_n
+The paper's metric (§6.1): BLEU = BP * exp(sum_n w_n log p_n), n = 1..4, w_n = 1/4, where p_n
 is the corpus-level modified (clipped) n-gram precision and BP = min(1, exp(1 - r/c)), with r and
 c the reference and hypothesis lengths summed over the corpus. No smoothing, as multi-bleu.perl:
 a corpus with no matching n-gram of some order scores 0.
@@ -92,7 +92,7 @@ def corpus_bleu_from_tokens(
     if min(counts) == 0:
         score = 0.0  # log 0: the geometric mean is 0, no smoothing (as multi-bleu.perl)
     else:
-        # SPEC: BP * exp(sum_n w_n log p_n), w_n = 1/N
+        # BP * exp(sum_n w_n log p_n), w_n = 1/N
         log_mean = sum(math.log(m / t) for m, t in zip(counts, totals)) / max_order
         score = 100.0 * bp * math.exp(log_mean)
     return BleuResult(

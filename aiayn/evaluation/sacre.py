@@ -1,6 +1,6 @@
 """sacreBLEU and chrF on detokenized text, through the sacrebleu library, with their signatures.
 
-Today's standard for reporting (SPEC "Inference and evaluation"): the metric does its own
+Today's standard for reporting: the metric does its own
 tokenization, so numbers are comparable across systems; the signature records the settings.
 """
 

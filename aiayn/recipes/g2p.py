@@ -16,8 +16,24 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from aiayn.config import load_config
+from dataclasses import replace
+
+from aiayn.config import BASE, load_config
 from aiayn.io import atomic_write
+
+# The demo's model: 3+3 layers of width 128, chosen by 3-minute runs scored on the validation
+# words (docs/experiments/g2p.md): at this budget d_model 128 beats 256 (more epochs) and p_drop
+# 0.1 beats 0.0. A pronunciation is rarely more than a few symbols longer than its spelling, so
+# outputs stop at +10, not +50.
+G2P = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400, max_tokens=4000,
+              max_len_b=10)
+
+PRESETS = {
+    "g2p": G2P,
+    # The demo's default and the 30-minute recipe: the rate falls linearly to 0 over the run's last
+    # 20% (chosen on the validation words).
+    "g2p-v2": replace(G2P, lr_cooldown=0.2),
+}
 
 # Words not in CMUdict, to show the model generalising.
 NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
@@ -86,7 +102,7 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
         cfg = load_config(preset, overrides=overrides)
         log(f"{'resuming' if resume else 'training'} preset {preset} for up to {minutes:g} minutes")
         # A checkpoint every 1/30 of the budget, so the n_average (5) averaged at the end span its
-        # last sixth. Measured on the validation words of the 30-minute run (README): averaging
+        # last sixth. Measured on the validation words of the 30-minute run (docs/experiments/g2p.md): averaging
         # the last 4 minutes beat the last checkpoint by 1.2 points of WER, the last 8 by 0.35.
         summary = train(None if resume else cfg, data, run, TrainOptions(
             time_budget=minutes, eval_every=500, eval_bleu_sentences=0, seed=seed,
@@ -101,7 +117,7 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
         preset, overrides = before.get("preset", f"{preset}?"), before.get("overrides", overrides)
         log(f"reusing the trained model in {model} (preset {preset}; pass --retrain to train again)")
 
-    # Valid is for choosing settings (README experiments); test is reported.
+    # Valid is for choosing settings (docs/experiments/g2p.md); test is reported.
     valid = evaluate_g2p(model, (corpus / "valid.src").read_text(encoding="utf-8").splitlines(),
                          read_refs(corpus / "valid.refs"), progress=progress)
     test_words = (corpus / "test.src").read_text(encoding="utf-8").splitlines()

@@ -2,7 +2,7 @@
 
 - `loss`        label-smoothed cross-entropy (§5.4) with the plain NLL beside it;
 - `schedule`    the learning rate of Eq. 3 and Adam(0.9, 0.98, 1e-9) (§5.3);
-- `precision`   fp32 / bf16 autocast / fp16 with loss scaling / bf16 weights with fp32 masters;
+- `precision`   fp32 / bf16 autocast / fp16 with loss scaling;
 - `distributed` torchrun / DDP set-up and the few collectives the trainer needs;
 - `step`        one optimizer update: accumulation, normalisation by target tokens, clipping,
                 skipping non-finite updates;
@@ -17,4 +17,4 @@ Import from the submodules; this package imports nothing so that importing it st
 """
 
 # `--precision` values (aiayn/training/precision.py), here so that the CLI need not import torch
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-weights")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")

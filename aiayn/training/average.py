@@ -14,13 +14,6 @@ import torch
 from aiayn.config import Config
 from aiayn.errors import UserError
 
-# Config fields that must agree for parameters to be averaged meaningfully: everything that shapes
-# the network or what its weights mean. Recipe and decoding fields (eps_ls, beam_size...) may differ.
-ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
-               "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
-               "tie_embeddings", "tie_output", "layer_norm_eps")
-
-
 class RunningMean:
     """Element-wise mean of state dicts fed one at a time (so averaging 20 big checkpoints holds one
     of them plus a float64 sum in memory), checking keys, shapes and dtypes against the first."""
@@ -68,12 +61,10 @@ def average_state_dicts(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, 
 
 def check_same_architecture(configs: Sequence[Config], names: Sequence[str]) -> None:
     """Refuse (one line) when any architecture field differs from the first config's."""
-    ref = configs[0]
     for cfg, name in zip(configs[1:], names[1:]):
-        for f in ARCH_FIELDS:
-            if getattr(cfg, f) != getattr(ref, f):
-                raise UserError(f"{name} has a different architecture from {names[0]}: {f} is "
-                                f"{getattr(cfg, f)!r}, not {getattr(ref, f)!r}")
+        changes = configs[0].architecture_changes(cfg)
+        if changes:
+            raise UserError(f"{name} has a different architecture from {names[0]}: {changes[0]}")
 
 
 def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathLike,

@@ -18,7 +18,7 @@ checkpoint that has trainer state, whatever `last` says.
 
 trainer_state.pt (torch.save, loaded with weights_only=True): the completed update count, the
 optimizer and loss-scaler states, and per rank the RNG states (python, numpy, torch, CUDA) and the
-batch sampler's position, plus the metrics so far. Restoring all of them makes a resumed run
+batch sampler's position, plus the run's totals so far (`logs.RunProgress`, as a dict). Restoring all of them makes a resumed run
 compute exactly what the uninterrupted one would have.
 """
 
@@ -40,7 +40,7 @@ from aiayn.errors import UserError
 from aiayn.io import fsync_dir
 
 CHECKPOINTS, BEST, LAST, TRAINER_STATE = "checkpoints", "best", "last", "trainer_state.pt"
-STATE_FORMAT, STATE_VERSION = "aiayn-trainer-state", 1
+STATE_FORMAT, STATE_VERSION = "aiayn-trainer-state", 2
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 def step_dir(run_dir: str | os.PathLike, step: int) -> Path:
@@ -183,6 +183,40 @@ def prune(run_dir: str | os.PathLike, keep: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(d / TRAINER_STATE)
 
+# --- resuming ---------------------------------------------------------------------------------
+
+def resume_point(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
+    """The checkpoint a run continues from, or None for a fresh run. Refuses to start afresh over
+    an earlier run's checkpoints unless `overwrite` (the caller then clears them with `clear_run`)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} exists and is not a directory")
+    if resume:
+        latest = latest_resumable(run_dir)
+        if latest is not None:
+            return latest
+        if has_run_outputs(run_dir):
+            raise UserError(f"--resume: {run_dir} has checkpoints but none with trainer state")
+        return None  # nothing written yet (e.g. killed before the first checkpoint): start afresh
+    if has_run_outputs(run_dir) and not overwrite:
+        raise UserError(f"{run_dir} already holds checkpoints; pass --resume to continue that run "
+                        f"or --overwrite to start over")
+    return None
+
+
+def reconcile(saved: Config, wanted: Config | None, where: Path) -> tuple[Config, list[str]]:
+    """On resume: the checkpoint's config with the caller's changes to recipe fields applied (a
+    larger max_steps, say), and those changes as 'name: old -> new'. Architecture changes are
+    refused: the saved weights would not fit."""
+    if wanted is None:
+        return saved, []
+    arch = saved.architecture_changes(wanted)
+    if arch:
+        raise UserError(f"cannot resume {where}: the architecture would change ({arch[0]})")
+    changed = [f"{k}: {v} -> {getattr(wanted, k)}" for k, v in saved.to_dict().items()
+               if getattr(wanted, k) != v]
+    return wanted, changed
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
@@ -195,7 +229,12 @@ def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{path}: cannot read trainer state ({e})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise UserError(f"{path}: not an aiayn trainer state")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") == 1:  # its run totals were a dict named "metrics"
+        m = state.pop("metrics")
+        state["progress"] = {"dev": m["history"], "best": m["best"], "tgt_tokens": m["tgt_tokens"],
+                             "src_tokens": m["src_tokens"], "train_seconds": m["train_seconds"],
+                             "wall_seconds": m.get("wall_seconds", 0.0), "skipped": m["skipped"]}
+    elif state.get("version") != STATE_VERSION:
         raise UserError(f"{path}: trainer state version {state.get('version')}, expected {STATE_VERSION}")
     return state
 

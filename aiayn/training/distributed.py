@@ -61,6 +61,13 @@ def setup(device: str | None = None) -> DistEnv:
     return DistEnv(rank, world, local, dev, owns)
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """Dropout seed of a rank: independent streams per rank, derived from the run's seed."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, rank, 17]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def wrap_ddp(model: torch.nn.Module, env: DistEnv) -> torch.nn.parallel.DistributedDataParallel:
     """DDP around `model` (identical weights on every rank after this: rank 0's are broadcast).
     No buffer needs syncing before each forward: the model's only buffer is the sinusoid table, a

@@ -7,44 +7,29 @@ generator as it found it, so evaluating never changes what training computes nex
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from aiayn.training.loss import label_smoothed_loss
 
 
 def dev_loss(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: float,
-             device: torch.device, autocast) -> dict[str, float]:
-    """Label-smoothed loss and NLL per target token over the whole split, and exp(NLL).
-    `autocast` is a callable returning the precision's context manager."""
-    from aiayn.data.batching import TokenBatchSampler, collate
+             device: torch.device, autocast, pad_multiple: int = 1) -> dict[str, float]:
+    """Label-smoothed loss and NLL per target token over the whole split, and exp(NLL), through
+    the project's one dev-loss computation (`reference_perplexity`). `autocast` is a callable
+    returning the precision's context manager."""
+    from aiayn.data.batching import collate, length_batches
+    from aiayn.evaluation.perplexity import reference_perplexity
 
-    sampler = TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, batch_tokens,
-                                shuffle=False, allow_oversize=True)
-    smoothed = nll = 0.0
-    n = 0
-    was_training = model.training
-    model.eval()
+    batches = (collate(dataset, idx, pad_multiple).to(device)
+               for idx in length_batches(dataset.src_lengths, batch_tokens, dataset.tgt_lengths))
     try:
-        with torch.no_grad():
-            for idx in sampler.epoch_batches():
-                b = collate(dataset, idx).to(device)
-                with autocast():
-                    logits = model(b.src, b.tgt_in)  # (B, T, V)
-                s = label_smoothed_loss(logits, b.tgt_out, eps_ls)
-                smoothed += float(s.smoothed)
-                nll += float(s.nll)
-                n += int(s.n_tokens)
-    finally:
-        model.train(was_training)
-    if n == 0:
+        r = reference_perplexity(model, batches, eps_ls=eps_ls, autocast=autocast)
+    except ValueError:  # an empty split
         return {}
-    mean_nll = nll / n
-    return {"dev_loss": smoothed / n, "dev_nll": mean_nll,
-            "dev_ppl": math.exp(mean_nll) if mean_nll < 700 else math.inf, "dev_tokens": n}
+    return {"dev_loss": r["smoothed_per_token"], "dev_nll": r["nll_per_token"], "dev_ppl": r["ppl"],
+            "dev_tokens": r["n_tokens"]}
 
 
 def greedy_translations(model: torch.nn.Module, sources: list[np.ndarray], tokenizer: Any,
@@ -82,12 +67,13 @@ def dev_bleu(model: torch.nn.Module, dataset: Any, n_sentences: int, device: tor
 
 
 def evaluate(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: float,
-             bleu_sentences: int, device: torch.device, autocast) -> dict[str, Any]:
+             bleu_sentences: int, device: torch.device, autocast, pad_multiple: int = 1
+             ) -> dict[str, Any]:
     """Dev loss, perplexity and (when `bleu_sentences` != 0) greedy BLEU, without disturbing
     any random generator."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        out = dev_loss(model, dataset, batch_tokens, eps_ls, device, autocast)
+        out = dev_loss(model, dataset, batch_tokens, eps_ls, device, autocast, pad_multiple)
         if bleu_sentences != 0:
             out.update(dev_bleu(model, dataset, bleu_sentences, device, autocast))
     return out

@@ -10,13 +10,62 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiayn.io import atomic_write
 from aiayn.training.distributed import DistEnv
+
+
+@dataclass
+class RunProgress:
+    """What a run has done so far, whole-run totals across resumes (saved in the trainer state).
+
+    `dev` holds one record per dev evaluation ({"step", "dev_loss", "dev_nll", "dev_ppl", ...}),
+    `best` the one with the lowest dev NLL; `train_seconds` counts time in updates (batching
+    included), `wall_seconds` the run's wall time up to its last checkpoint."""
+
+    dev: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    tgt_tokens: int = 0
+    src_tokens: int = 0
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    skipped: int = 0
+
+
+def rss_gb() -> float | None:
+    """This process's resident memory now, in GB (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class LogWindow:
+    """The updates since the last "train" record: their results (`step.UpdateResult`), seconds
+    spent in updates (batching included) and, of those, building batches."""
+
+    results: list[Any] = field(default_factory=list)
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+
+    def values(self) -> dict[str, float]:
+        """Per-target-token loss and NLL over the window, perplexity, the last learning rate and
+        gradient norm, target tokens/s and the share of time spent building batches."""
+        n = sum(r.tgt_tokens for r in self.results)
+        nll = sum(r.nll * r.tgt_tokens for r in self.results) / max(n, 1)
+        last = self.results[-1]
+        return {"loss": sum(r.loss * r.tgt_tokens for r in self.results) / max(n, 1), "nll": nll,
+                "ppl": math.exp(min(nll, 700)), "lr": last.lr, "grad_norm": last.grad_norm,
+                "tgt_tokens_per_s": n / max(self.seconds, 1e-9),
+                "data_share": self.data_seconds / max(self.seconds, 1e-9)}
 
 
 class RunLog:
@@ -78,6 +127,27 @@ class RunLog:
             self._file.close()
             if self.tb is not None:
                 self.tb.close()
+
+
+def build_summary(progress: RunProgress, flops_per_token: float, steps: int, stopped_by: str,
+                  epochs: float, wall_this_session: float, peak_tflops: float | None,
+                  world_size: int, **extra: Any) -> dict[str, Any]:
+    """The run's summary (summary.json, what `train` returns): totals, throughput, compute and
+    MFU against `peak_tflops` per device, and the dev figures; `extra` fields are added as given."""
+    secs = max(progress.train_seconds, 1e-9)
+    flops = flops_per_token * progress.tgt_tokens
+    tflops = flops / secs / 1e12
+    return {
+        "steps": steps, "stopped_by": stopped_by, "epochs": epochs,
+        "wall_seconds_this_session": wall_this_session, "train_seconds": progress.train_seconds,
+        "tgt_tokens": progress.tgt_tokens, "src_tokens": progress.src_tokens,
+        "tgt_tokens_per_s": progress.tgt_tokens / secs,
+        "flops_per_target_token": flops_per_token, "train_flops": flops, "achieved_tflops": tflops,
+        "mfu": tflops / (peak_tflops * world_size) if peak_tflops else None,
+        "skipped_updates": progress.skipped,
+        "final_dev": progress.dev[-1] if progress.dev else None, "best_dev": progress.best,
+        "world_size": world_size, **extra,
+    }
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -1,14 +1,16 @@
 """Label-smoothed cross-entropy (§5.4) and the plain negative log-likelihood beside it.
 
-Convention (the one fairseq and the Annotated Transformer use): the smoothed target distribution
-puts (1 - eps) on the reference token plus eps spread *uniformly over the whole vocabulary*,
-eps / V on every id (the reference included, so it receives 1 - eps + eps / V):
+§5.4 cites Szegedy et al. (2016), whose smoothed target mixes the one-hot reference with a uniform
+distribution over the K classes, the reference among them: q(k) = (1 - eps) [k == y] + eps / K.
+Here the classes are the K = V - 2 ids that can ever be a target: PAD (padding, never predicted)
+and BOS (only ever the decoder's first input) get no smoothing mass, every other id eps / K, the
+reference included (so it receives 1 - eps + eps / K):
 
-    q(k) = (1 - eps) * [k == y] + eps / V
-    smoothed = -sum_k q(k) log p(k) = (1 - eps) * nll + eps * mean_k(-log p(k))
+    q(k) = (1 - eps) * [k == y] + eps / K * [k not in {PAD, BOS}]
+    smoothed = -sum_k q(k) log p(k) = (1 - eps) * nll + eps * mean_{k not PAD, BOS}(-log p(k))
 
-written in the second form so no (N, V) one-hot matrix is ever built. Tensor2Tensor instead spreads
-eps over the V - 1 other ids; the difference is a factor V / (V - 1) on the smoothing term.
+written in the second form so no (N, V) target matrix is ever built. (fairseq and the Annotated
+Transformer spread eps over all V ids; Tensor2Tensor over the V - 1 ids other than the reference.)
 Padding positions (target == PAD) contribute nothing. Everything is computed in float32 whatever
 the logits' dtype (bf16/fp16 logits lose too much precision in log-softmax over large V).
 """
@@ -20,7 +22,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from aiayn.special import PAD_ID
+from aiayn.special import BOS_ID, PAD_ID
+
+# Ids that are never a target, so the smoothing puts no mass on them.
+NEVER_TARGET = (PAD_ID, BOS_ID)
 
 
 class LossSums(NamedTuple):
@@ -42,15 +47,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     gradient is ever materialised (those were 16% of a CPU training step at V = 8000, measured).
     Each block is converted to float32 once per pass; the forward keeps each row's log-normaliser
     lse_i = log sum_k exp z_ik, so the backward's softmax is one exp(z - lse) pass, with no max or
-    sum pass again.
-        nll_i = lse_i - z_i,y_i        uniform_i = lse_i - mean_k z_ik
-        d smoothed / dz = softmax(z) - (1 - eps) onehot(y) - eps / V     (0 on padding rows)
+    sum pass again. With A the K ids that can be a target (all but NEVER_TARGET):
+        nll_i = lse_i - z_i,y_i        uniform_i = lse_i - mean_{k in A} z_ik
+        d smoothed / dz = softmax(z) - (1 - eps) onehot(y) - eps / K [k in A]  (0 on padding rows)
         d nll / dz      = softmax(z) - onehot(y)
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, eps: float):
-        n = logits.size(0)
+        n, v = logits.shape
+        never = list(NEVER_TARGET)
         nll = torch.empty(n, dtype=torch.float32, device=logits.device)
         uniform = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, 1, dtype=torch.float32, device=logits.device)
@@ -61,7 +67,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             y = target[a:b].unsqueeze(1)  # (rows, 1)
             lp_y = lp.gather(1, y)  # (rows, 1)
             nll[a:b] = lp_y.squeeze(1).neg()
-            uniform[a:b] = lp.mean(dim=-1).neg_()
+            # mean of -log p over the ids that can be a target
+            uniform[a:b] = (lp[:, never].sum(dim=-1) - lp.sum(dim=-1)) / (v - len(never))
             lse[a:b] = z.gather(1, y) - lp_y  # log p = z - lse at every id, the reference's too
         nll = nll.masked_fill_(~keep, 0.0).sum()
         uniform = uniform.masked_fill_(~keep, 0.0).sum()
@@ -80,13 +87,15 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         keep_f = keep.to(torch.float32).unsqueeze(1)  # (N, 1): padding rows get no gradient
         on_softmax = (gs + gn) * keep_f  # (N, 1) weight of softmax(z)
         on_ref = (gs * (1.0 - eps) + gn) * keep_f  # (N, 1) subtracted at the reference id
-        on_all = gs * (eps / v) * keep_f  # (N, 1) subtracted everywhere
+        never = list(NEVER_TARGET)
+        on_all = gs * (eps / (v - len(never))) * keep_f  # (N, 1) subtracted at every target id
         grad = torch.empty_like(logits)
         for a in range(0, logits.size(0), _CHUNK_ROWS):
             b = a + _CHUNK_ROWS
             # softmax(z) = exp(z - lse), in a new float32 block (never in place on the logits)
             g = logits[a:b].to(torch.float32, copy=True).sub_(lse[a:b]).exp_()  # (rows, V)
             g.mul_(on_softmax[a:b]).sub_(on_all[a:b])
+            g[:, never] += on_all[a:b]  # no smoothing mass on PAD and BOS
             g.scatter_add_(1, target[a:b].unsqueeze(1), on_ref[a:b].neg())
             grad[a:b] = g
         return grad, None, None, None

@@ -65,15 +65,13 @@ def clip_to_norm(params: Sequence[nn.Parameter], max_norm: float, total: torch.T
 
 
 class Updater:
-    """Runs updates of `model` (a Transformer, or DDP around one) with `optimizer`. With
-    bf16-weights precision `model` is the working copy from `precision.training_model`, and the
-    optimizer holds the master model's parameters."""
+    """Runs updates of `model` (a Transformer, compiled or not, or DDP around one) with
+    `optimizer`."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config,
                  precision: Precision, env: DistEnv):
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.precision, self.env = precision, env
-        # the optimizer's parameters: the float32 masters, also when a bf16 working copy is `model`
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
 
@@ -96,17 +94,13 @@ class Updater:
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if (last or not self.is_ddp) else self.model.no_sync()
             with sync:
-                with prec.step_autocast():
+                with prec.autocast():
                     logits = self.model(b.src, b.tgt_in)  # (B, T, V)
                 out = label_smoothed_loss(logits, b.tgt_out, self.cfg.eps_ls)
                 loss = out.smoothed * scale
                 if prec.scaler is not None:
                     loss = prec.scaler.scale(loss)
                 loss.backward()
-            if last or not self.is_ddp:
-                # bf16-weights: into the float32 master gradients. Under DDP the working copy keeps
-                # them until the last micro-batch, whose backward all-reduces their sum.
-                prec.after_backward()
             sums += torch.stack([out.smoothed.detach(), out.nll.detach()]).double()
         all_reduce(sums, env)
         loss_tok, nll_tok = (sums / max(n_tgt, 1)).tolist()
@@ -136,5 +130,4 @@ class Updater:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        prec.after_step()
         return UpdateResult(loss_tok, nll_tok, n_tgt, n_src, norm_f, lr, True)

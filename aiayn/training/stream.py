@@ -1,11 +1,27 @@
 """The trainer's supply of micro-batches: the data module's length-grouped, sharded, resumable
-batches (§5.1) as one endless stream of padded tensors on the training device."""
+batches (§5.1) as one endless stream of padded tensors on the training device, and how an update's
+token budget splits into micro-batches."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+
+def batch_plan(max_tokens: int, world_size: int, accum: int | None, batch_tokens: int | None
+               ) -> tuple[int, int]:
+    """(micro-batch tokens per rank, micro-batches per update per rank) from the update size
+    `max_tokens` and whichever of `accum` / `batch_tokens` is given:
+    accum = ceil(max_tokens / (batch_tokens * world_size)), or the other way round."""
+    if accum is None and batch_tokens is None:
+        return math.ceil(max_tokens / world_size), 1
+    if accum is None:
+        return batch_tokens, max(1, math.ceil(max_tokens / (batch_tokens * world_size)))
+    if batch_tokens is None:
+        return math.ceil(max_tokens / (accum * world_size)), accum
+    return batch_tokens, accum
 
 
 class BatchStream:
@@ -14,6 +30,7 @@ class BatchStream:
 
     def __init__(self, sampler: Any, dataset: Any, device: torch.device, max_epochs: int | None):
         self.sampler, self.dataset, self.device, self.max_epochs = sampler, dataset, device, max_epochs
+        self.pad_multiple = getattr(sampler, "pad_multiple", 1)
         self._it = None
 
     def next(self):
@@ -28,9 +45,7 @@ class BatchStream:
                 self._it = iter(s)
             idx = next(self._it, None)
             if idx is not None:
-                # with BPE-dropout the sampler holds this epoch's segmentation of the text
-                data = self.sampler.epoch_data() if hasattr(self.sampler, "epoch_data") else self.dataset
-                return collate(data, idx).to(self.device)
+                return collate(self.dataset, idx, self.pad_multiple).to(self.device)
             self._it = None  # the epoch is over: the next iter() starts the next one
 
     @property

@@ -1,6 +1,6 @@
 """Shared fixtures of the training tests (imported by the other test_training_* modules): a tiny
-synthetic translation task prepared through `aiayn.data.dataset.prepare_dataset`, and the
-micro-micro model settings that train on it in a fraction of a second."""
+synthetic translation task prepared through `aiayn.data.prepare.prepare_dataset`, and the
+model settings that train on it in a fraction of a second."""
 
 from __future__ import annotations
 
@@ -10,14 +10,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
+from aiayn.config import BASE
 from aiayn.data.corpus import ParallelSource
-from aiayn.data.dataset import ParallelDataset, PrepareOptions, prepare_dataset
+from aiayn.data.dataset import ParallelDataset
+from aiayn.data.prepare import PrepareOptions, prepare_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 LETTERS = "abcdefghij"
 TABLE = str.maketrans(LETTERS, "klmnopqrst")
 
-# A 1+1-layer model of width 32: its updates take milliseconds on one thread.
+# A 2+2-layer model of width 64, the tests' base size (build others as deltas of it).
+MICRO = replace(BASE, n_layers=2, d_model=64, d_ff=256, n_heads=4, warmup_steps=200, max_tokens=2048,
+                max_steps=2000)
+# As `--set` overrides: a 1+1-layer model of width 32, whose updates take milliseconds on one thread.
 SMALL = ["d_model=32", "d_ff=64", "n_layers=1", "n_heads=4", "warmup_steps=30", "max_tokens=300"]
 
 

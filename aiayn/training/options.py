@@ -1,0 +1,55 @@
+"""`TrainOptions`: everything about a training run that is not the model and recipe (`Config`):
+how long, how often to evaluate and save, resuming, precision, devices, logging. `aiayn train`'s
+flags map one to one onto its fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiayn.errors import UserError
+
+
+@dataclass
+class TrainOptions:
+    """Everything about a run that is not the model and recipe (`Config`)."""
+
+    max_steps: int | None = None  # sets cfg.max_steps (also on resume)
+    max_epochs: int | None = None
+    time_budget: float | None = None  # minutes of training, the whole run (evaluation, saving included)
+    eval_every: int = 1000  # updates between dev evaluations; 0: only at the end
+    eval_bleu_sentences: int = 200  # greedy-decoded dev sentences for BLEU; 0: no BLEU; -1: all
+    save_every: int | None = None  # updates between checkpoints
+    save_minutes: float | None = 10.0  # minutes between checkpoints (§6.1: 10-minute intervals)
+    keep: int | None = None  # newest checkpoints kept; default max(cfg.n_average, 1)
+    seed: int | None = None  # weights, dropout and batch order; default 1, on resume the run's
+    resume: bool = False
+    overwrite: bool = False
+    precision: str = "auto"
+    # torch.compile the training forward/backward (inductor fuses dropout, residual, LayerNorm and
+    # dtype casts). Same mathematics; dropout draws from inductor's RNG, so the random stream
+    # differs from eager mode. Costs about a minute of compiling at the start of each process.
+    compile: bool = False
+    accum: int | None = None  # micro-batches per update per rank
+    batch_tokens: int | None = None  # tokens per side in one micro-batch on one rank
+    device: str | None = None  # "cpu" or "cuda"; None: CUDA when available
+    threads: int | None = None  # torch intra-op threads on CPU
+    log_every: int = 10  # updates between "train" records in metrics.jsonl and TensorBoard
+    peak_tflops: float | None = None  # per device, for MFU
+    max_nonfinite: int = 5  # consecutive skipped (non-finite) updates before giving up
+    tensorboard: bool = True
+    progress: bool = True
+    dev_split: str | None = None  # default: "valid", else the first non-train split
+
+    def check(self) -> None:
+        for name in ("max_steps", "max_epochs", "accum", "batch_tokens", "save_every", "keep", "threads"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+        for name in ("time_budget", "save_minutes", "peak_tflops"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise UserError(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        if self.eval_every < 0 or self.log_every < 1 or self.max_nonfinite < 1:
+            raise UserError("--eval-every must be >= 0, --log-every and max_nonfinite >= 1")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite contradict each other; pass one")
