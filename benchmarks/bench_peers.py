@@ -15,8 +15,10 @@ first (it returns at once when the environment is already there).
     .venv/bin/python benchmarks/bench_peers.py --out runs/peers --write-results
     .venv/bin/python benchmarks/bench_peers.py --render runs/peers/results.json   # re-print
 
-Ratios are aiayn/peer at the same precision (int8 rows: against aiayn bf16, or fp32 where bf16
-was not measured): above 1 means aiayn is faster, or for memory that aiayn uses more.
+Ratios are aiayn/peer at the same precision (a precision aiayn was not measured in: against aiayn
+bf16, or fp32 where bf16 was not measured): above 1 means aiayn is faster, or for memory that aiayn
+uses more. Each table ends with aiayn's training against the fastest peer and each of its decoding
+precisions against CTranslate2 int8 and fp32 (speed and decoding peak RSS).
 """
 
 from __future__ import annotations
@@ -177,11 +179,36 @@ def table(rows: list[dict], config: str, peak: dict) -> str:
                      f"({peers[fastest]:,.0f} tok/s): " + ", ".join(
                          f"aiayn {p} {tok[('aiayn', p)] / peers[fastest]:.2f}x"
                          for p in TRAIN_PRECISIONS["aiayn"] if tok.get(("aiayn", p))) + ".")
+    lines += decoding_summary(mine)
     failed = [f"{r['system']} {r['precision']} {part}: {r[part + '_error']}"
               for r in mine for part in ("train", "decode") if r.get(part + "_error")]
     if failed:
         lines += ["", "Failed: " + "; ".join(failed) + "."]
     return "\n".join(lines)
+
+
+def decoding_summary(rows: list[dict]) -> list[str]:
+    """One line: each aiayn precision's beam-4 speed and decoding peak RSS against CTranslate2's
+    int8 and fp32 rows of the same table (the targets are stated in those terms)."""
+    def get(system: str, precision: str, key: str) -> float | None:
+        r = next((r for r in rows if (r["system"], r["precision"]) == (system, precision)), None)
+        return ((r or {}).get("decode") or {}).get(key)
+
+    peers = [p for p in ("int8", "fp32") if get("ctranslate2", p, "beam4_sent_per_s")]
+    parts = []
+    for prec in PRECISION_ORDER:
+        mine = get("aiayn", prec, "beam4_sent_per_s")
+        if mine is None or not peers:
+            continue
+        speed = " / ".join(f"{mine / get('ctranslate2', p, 'beam4_sent_per_s'):.2f}x" for p in peers)
+        rss = get("aiayn", prec, "peak_rss_mb")
+        ct2_rss = get("ctranslate2", "int8", "peak_rss_mb")
+        parts.append(f"aiayn {prec} {speed}" + (
+            f" (decoding RSS {rss / ct2_rss:.2f}x CTranslate2 int8's)" if rss and ct2_rss else ""))
+    if not parts:
+        return []
+    return ["", "Beam-4 decoding against CTranslate2 " + " / ".join(peers) + ": "
+            + ", ".join(parts) + "."]
 
 
 def peak_text(peak: dict) -> str:
@@ -195,9 +222,12 @@ def render(res: dict) -> str:
     parts = [f"Matmul peak ({peak['threads']} threads, best torch.mm over the models' shapes): "
              f"{peak_text(peak)}. "
              "MFU = train tok/s x model FLOPs per target token / the peak of the row's precision. "
-             "Cells: value (aiayn/peer, same precision; int8 against aiayn bf16, else fp32): above "
-             "1, aiayn is faster, or for RSS uses more. aiayn's default precision \"auto\" is bf16 "
-             "autocast on a CPU with native bf16 (its bf16 row), else fp32; each table ends with aiayn's training speed against the fastest peer row."]
+             "Cells: value (aiayn/peer, same precision; a precision aiayn was not measured in "
+             "against aiayn bf16, else fp32): above 1, aiayn is faster, or for RSS uses more. "
+             "aiayn's default training precision \"auto\" is bf16 autocast on a CPU with native "
+             "bf16 (its bf16 row), else fp32; its decoding rows are `aiayn translate --precision` "
+             "fp32 (the default), bf16 or int8 (weights and activations). Each table ends with aiayn's "
+             "training speed against the fastest peer row and its decoding against CTranslate2."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
                     if r["config"] == c and r.get("train")), None)

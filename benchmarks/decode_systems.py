@@ -15,8 +15,8 @@ peak_rss_mb is the process's peak resident memory (ru_maxrss), everything loaded
 
 Systems and how each is forced to 30 tokens:
 - aiayn: `aiayn.decoding.translate.search_batched`, the path of `aiayn translate` (KV cache),
-  with max_len_a=0, max_len_b=30, min_len=30 (30 decoder steps); fp32, or bf16 weights as
-  `aiayn translate --bf16` casts them.
+  with max_len_a=0, max_len_b=30, min_len=30 (30 decoder steps); fp32, bf16 or int8 as
+  `aiayn translate --precision` converts the model (aiayn/decoding/precision.py).
 - ctranslate2: the same random aiayn weights (same seed), exported by `aiayn export`'s code in a
   child process (so this process never imports torch and its RSS is CTranslate2's own), then
   `ctranslate2.Translator(intra_threads=T)`, min/max_decoding_length=30; fp32 or int8.
@@ -59,7 +59,7 @@ N_SENTENCES, BATCH, SRC_LEN, OUT_LEN, SEED = 200, 50, (10, 30), 30, 1234
 # the workload's TINY and BASE sizes, in the terms the peers' constructors take
 CONFIGS = {name: dict(d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, d_ff=c.d_ff)
            for name, c in workload.CONFIGS.items()}
-PRECISIONS = {"aiayn": ("fp32", "bf16"), "ctranslate2": ("fp32", "int8"), "torch": ("fp32",),
+PRECISIONS = {"aiayn": ("fp32", "bf16", "int8"), "ctranslate2": ("fp32", "int8"), "torch": ("fp32",),
               "marian": ("fp32",), "fairseq": ("fp32",), "opennmt": ("fp32",)}
 BEAM, ALPHA = 4, 0.6
 # ids 0-3 are each system's own specials (aiayn, fairseq, OpenNMT-py all keep 4 there); sources
@@ -113,12 +113,10 @@ def make_aiayn(config: str, precision: str, threads: int, seed: int) -> Decode:
 
     from aiayn.decoding.translate import SearchOptions, search_batched
 
-    model = aiayn_model(config, seed)
-    if precision == "bf16":
-        # What `aiayn translate --bf16` runs (Translator(bf16=True)): weights cast once.
-        import torch
+    from aiayn.decoding.precision import convert
 
-        model = model.to(torch.bfloat16)
+    # What `aiayn translate --precision P` runs: bf16 weights cast once, or int8 weights
+    model = convert(aiayn_model(config, seed), precision)
 
     def decode(batch, beam):
         # One call per batch of 50 with no length budget: the batch is decoded as given.

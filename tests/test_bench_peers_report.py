@@ -42,3 +42,18 @@ def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path, monk
     latest = (tmp_path / "RESULTS.md").read_text()
     assert "- Date: 2026-01-02" in latest and "(avx2)" in latest
     assert "[2026-01-01-avx2-avx512f-amx-bf16.md](results/2026-01-01-avx2-avx512f-amx-bf16.md)" in latest
+
+
+def test_decoding_summary_compares_each_aiayn_precision_with_ctranslate2():
+    def dec(system, precision, sent, rss_mb):
+        return {"config": "tiny", "system": system, "precision": precision,
+                "decode": {"greedy_sent_per_s": 2 * sent, "beam4_sent_per_s": sent,
+                           "peak_rss_mb": rss_mb}}
+    run = fake_run("2026-01-01T00:00:00", "avx2")
+    run["rows"] += [dec("aiayn", "int8", 80.0, 300.0), dec("ctranslate2", "fp32", 50.0, 250.0),
+                    dec("ctranslate2", "int8", 64.0, 200.0)]
+    text = bench_peers.render(run)
+    # 80/64 and 80/50 sentences/s, 300/200 MB; aiayn fp32 has no decoding row, so no entry
+    assert "against CTranslate2 int8 / fp32: aiayn int8 1.25x / 1.60x (decoding RSS 1.50x" in text
+    assert "aiayn fp32 " not in text.split("Beam-4 decoding")[1]
+    assert "CTranslate2 | int8 | - | - | 128 (0.62) | 64 (1.25) |" in text  # against aiayn int8

@@ -200,9 +200,9 @@ def test_bf16_weights_translator_scores_agree_with_fp32(model_dir):
     from aiayn.model.io import load_model
 
     lines = ["the cat sat on the mat", "a dog runs", "die kinder spielen im garten"]
-    auto = Translator(load_model(model_dir), bf16=True, cast_weights=False)
+    auto = Translator(load_model(model_dir), precision="bf16", convert=False)
     assert next(auto.model.parameters()).dtype == torch.float32  # left as it was
-    cast = Translator(load_model(model_dir), bf16=True, greedy=True)
+    cast = Translator(load_model(model_dir), precision="bf16", greedy=True)
     assert next(cast.model.parameters()).dtype == torch.bfloat16
     ids = cast.prepare(lines)
     found = [h[0] for h in cast.search(ids)]

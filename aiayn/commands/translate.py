@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
 
 
@@ -52,7 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    b.add_argument("--bf16", action="store_true", help="run the model in bfloat16 (weights cast once; scores stay float32)")
+    b.add_argument("--precision", choices=DECODE_PRECISIONS, default=None,
+                   help="decoding arithmetic: fp32 (default, as trained: the paper's), bf16 "
+                        "(weights cast once; scores stay float32), int8 (int8 weights, activations "
+                        "quantized per row at run time, as CTranslate2's int8; x86 CPUs with AVX2, "
+                        "Transformer models)")
+    b.add_argument("--bf16", action="store_true", help="the same as --precision bf16")
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "
@@ -71,6 +77,13 @@ def _device(name: str):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {name}: CUDA is not available on this machine")
     return device
+
+
+def _precision(args: argparse.Namespace) -> str:
+    if args.bf16 and args.precision not in (None, "bf16"):
+        raise UserError(f"--bf16 means --precision bf16; drop one of --bf16 and --precision "
+                        f"{args.precision}")
+    return "bf16" if args.bf16 else (args.precision or "fp32")
 
 
 def _read_input(path: str | None) -> list[str]:
@@ -145,11 +158,17 @@ def main(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_writable(args.output, args.overwrite)
     device = _device(args.device)
+    from aiayn.decoding.precision import resolve
+
+    try:
+        precision = resolve(_precision(args), device)
+    except ValueError as e:
+        raise UserError(f"--precision: {e}") from None
     lines = None if interactive else _read_input(args.input)
 
     loaded = load_model(args.model, device)
     try:
-        translator = Translator(loaded, bf16=args.bf16, max_src_tokens=args.max_src_tokens,
+        translator = Translator(loaded, precision=precision, max_src_tokens=args.max_src_tokens,
                                 warn=lambda m: print(f"aiayn translate: warning: {m}", file=sys.stderr),
                                 **options)
     except ValueError as e:

@@ -3,12 +3,27 @@
 - `common`    `Hypothesis`, the GNMT length penalty, maximum output lengths, source batches;
 - `greedy`    `greedy_search`;
 - `beam`      `beam_search` (length penalty, exact early stopping, n-best lists);
+- `precision` the decoding arithmetic: fp32 (the default), bf16, int8;
 - `translate` `Translator`: text in, text out, batched by length, input order kept.
+
+The names below are imported on first use, so that importing this package (the CLI does, for
+`DECODE_PRECISIONS`) does not import torch.
 """
 
-from aiayn.decoding.beam import beam_search
-from aiayn.decoding.common import Hypothesis, length_penalty, max_output_lengths, source_batch
-from aiayn.decoding.greedy import greedy_search
+from __future__ import annotations
 
-__all__ = ["Hypothesis", "beam_search", "greedy_search", "length_penalty", "max_output_lengths",
-           "source_batch"]
+import importlib
+
+# `--precision` values of `aiayn translate` (aiayn/decoding/precision.py)
+DECODE_PRECISIONS = ("fp32", "bf16", "int8")
+
+_LAZY = {"beam_search": "beam", "Hypothesis": "common", "length_penalty": "common",
+         "max_output_lengths": "common", "source_batch": "common", "greedy_search": "greedy"}
+
+__all__ = ["DECODE_PRECISIONS", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"aiayn.decoding.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

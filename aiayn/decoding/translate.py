@@ -103,7 +103,7 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
 
     device = model_device(model)
     results: list[list[Hypothesis]] = [[] for _ in sources]
-    # A model whose weights are already bf16 (`Translator(bf16=True)`) runs as it is; autocast
+    # A model whose weights are already bf16 (`Translator(precision="bf16")`) runs as it is; autocast
     # would re-cast fp32 weights at every decoding step, and run LayerNorm in fp32.
     autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
                 if bf16 and model_dtype(model) != torch.bfloat16 else nullcontext())
@@ -143,26 +143,32 @@ class Translator:
         tr.translate(["A sentence.", ""])          # -> ["Ein Satz.", ""]
         tr.translate_nbest(["A sentence."], 4)    # -> [[(score, text), ...]]
 
+    `precision` is the decoding arithmetic (`aiayn.decoding.precision`): "fp32" (the default,
+    the paper's), "bf16" or "int8"; the loaded model is converted in place, once (`loaded.model`
+    becomes the converted model, so translators built on the same `loaded` share it).
     `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
-    sent to `warn` (default: stderr). `bf16` converts the loaded model's weights to bfloat16 in
-    place (`cast_weights=False`: run fp32 weights under bf16 autocast instead). Other keyword
-    arguments are `SearchOptions` fields.
+    sent to `warn` (default: stderr). Other keyword arguments are `SearchOptions` fields.
     """
 
-    def __init__(self, loaded: Any, *, bf16: bool = False, cast_weights: bool = True,
+    def __init__(self, loaded: Any, *, precision: str = "fp32", convert: bool = True,
                  max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
                  warn: Callable[[str], None] | None = None, **options: Any):
+        from aiayn.decoding import precision as decode_precision
+
         self.loaded = loaded
-        self.model = loaded.model
         self.src_tokenizer = loaded.src_tokenizer
         self.tgt_tokenizer = loaded.tgt_tokenizer
-        self.cfg = decoding_defaults(self.model)
+        self.cfg = decoding_defaults(loaded.model)
         self.options = SearchOptions(**options).validate(self.cfg)
-        self.bf16 = bf16
-        if bf16 and cast_weights and model_dtype(self.model) == torch.float32:
-            # Cast the weights once, in place (the translator owns a loaded model): half the
-            # memory, and no per-step casts. Log-softmax and scores stay float32.
-            self.model = self.model.to(torch.bfloat16)
+        self.precision = decode_precision.resolve(precision, model_device(loaded.model))
+        if convert:
+            loaded.model = decode_precision.convert(loaded.model, self.precision)
+        elif self.precision == "int8":
+            raise ValueError("int8 decoding converts the model's weights; an in-memory model "
+                             "decodes in fp32 or under bf16 autocast")
+        self.model = loaded.model
+        # bf16 with fp32 weights (an in-memory model) runs under autocast in `search_batched`
+        self.bf16 = self.precision == "bf16"
         self.warn = warn or _warn_stderr
         limit = max_src_tokens
         if self.cfg.positions == "learned":
@@ -175,12 +181,12 @@ class Translator:
     def for_model(cls, model: Any, src_tokenizer: Any, tgt_tokenizer: Any | None = None,
                   **kwargs: Any) -> "Translator":
         """A translator for an in-memory model (e.g. dev BLEU during training); it never changes
-        the model's weights (bf16 then means autocast)."""
+        the model's weights: precision fp32 (the default) or bf16, which then means autocast."""
         from aiayn.model.io import LoadedModel
 
         tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
         return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt),
-                   cast_weights=False, **kwargs)
+                   convert=False, **kwargs)
 
     # --- text <-> ids ------------------------------------------------------------------------
     def prepare(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:

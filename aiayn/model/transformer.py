@@ -77,7 +77,8 @@ class Transformer(nn.Module):
 
     def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> Tensor:
         """Scaled embeddings plus positions, then dropout P_drop (§3.4, §3.5, §5.4)."""
-        x = embed(ids) + pos(ids.size(1), offset).to(embed.weight.dtype)  # (B, T, d_model)
+        x = embed(ids)  # (B, T, d_model)
+        x = x + pos(ids.size(1), offset).to(x.dtype)
         return dropout(x, self.cfg.p_drop, self.training)
 
     def logits(self, y: Tensor) -> Tensor:
@@ -147,15 +148,18 @@ class Transformer(nn.Module):
         return logits, {"encoder": w_enc, **w_dec}
 
     # --- incremental decoding ----------------------------------------------------------------
-    def new_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64) -> KVCache:
+    def new_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64,
+                  beams: int = 1) -> KVCache:
         """Start decoding a batch: computes every layer's cross-attention keys/values once.
-        memory: (B, S, d_model), src_mask: (B, S) bool."""
+        memory: (B, S, d_model), src_mask: (B, S) bool. With `beams` = k the cache holds k rows
+        per sentence (B*k, sentence i's beams at rows i*k .. i*k+k-1), which share the
+        sentence's cross-attention keys/values."""
         ks, vs = zip(*(layer.cross_attn.project_kv(memory) for layer in self.decoder))
         cfg = self.cfg
         return KVCache.allocate(
-            cfg.n_layers, memory.size(0), cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v,
+            cfg.n_layers, memory.size(0) * beams, cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v,
             cross_k=torch.stack(ks), cross_v=torch.stack(vs),  # (L, B, h, S, d_k), (L, B, h, S, d_v)
-            src_mask=src_mask, capacity=capacity)
+            src_mask=src_mask, capacity=capacity, group=beams)
 
     def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """Feed one token per row, (B, 1), at position `cache.length`; returns next-token logits

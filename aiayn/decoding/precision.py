@@ -1,0 +1,77 @@
+"""The arithmetic decoding runs in (`aiayn translate --precision`, `Translator(precision=...)`).
+
+- fp32 (the default): the model as trained, the paper's arithmetic.
+- bf16: the weights cast to bfloat16 once; log-softmax and beam scores stay float32. Fast only
+  where the CPU multiplies bf16 natively (AVX512-BF16, AMX) or on a GPU; emulated, and slow, on
+  an AVX2-only CPU.
+- int8: int8 weights and per-row int8 activations in every linear layer and the tied embedding
+  (`aiayn.model.int8`), as CTranslate2's int8 on CPU; x86 CPUs with AVX2 or newer, the
+  Transformer only (the RNN baseline is refused). Not the paper's arithmetic, so never the
+  default: outputs may differ from fp32's where two hypotheses score within the quantization
+  error (tests/test_decoding_int8.py states the tolerance).
+
+Conversion is in place: a model converted once (to bf16 or int8) serves every `Translator` built
+on it afterwards, and cannot go back to fp32 (load it again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aiayn.decoding import DECODE_PRECISIONS
+
+
+def resolve(precision: str, device: torch.device | str) -> str:
+    """`precision` checked for `device`: ValueError (one line) for an unknown name or for int8
+    where fbgemm's int8 kernels cannot run."""
+    from aiayn.model.int8 import int8_supported
+
+    device = torch.device(device)
+    if precision not in DECODE_PRECISIONS:
+        raise ValueError(f"unknown decoding precision {precision!r}; choose from "
+                         f"{', '.join(DECODE_PRECISIONS)}")
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError(f"int8 decoding runs on x86 CPUs only, not {device.type}; "
+                             "use precision bf16 or fp32 there")
+        if not int8_supported():
+            raise ValueError("int8 decoding needs an x86 CPU with AVX2 and a torch built with "
+                             "fbgemm; use precision fp32")
+    return precision
+
+
+def current(model: Any) -> str:
+    """The precision a model was converted to: "int8", "bf16", or "fp32" (as loaded)."""
+    explicit = getattr(model, "decode_precision", None)
+    if explicit is not None:
+        return explicit
+    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return "bf16" if p is not None and p.dtype == torch.bfloat16 else "fp32"
+
+
+def convert(model: Any, precision: str) -> Any:
+    """The model in `precision` (fp32, bf16 or int8), converted in place when needed;
+    ValueError when it was converted to another precision already, or int8 for a model other
+    than the Transformer (the RNN baseline's LSTMs have no int8 path here)."""
+    have = current(model)
+    if have == precision:
+        return model
+    if have != "fp32":
+        raise ValueError(f"this model was converted for {have} decoding; load it again to "
+                         f"decode in {precision}")
+    if precision == "bf16":
+        # Cast once, in place (half the memory, no per-step casts); log-softmax and scores stay
+        # float32 in the search.
+        return model.to(torch.bfloat16)
+    if precision == "int8":
+        from aiayn.model.int8 import activation_levels, cpu_flags, quantize_model
+        from aiayn.model.transformer import Transformer
+
+        if not isinstance(model, Transformer):
+            arch = getattr(getattr(model, "cfg", None), "arch", type(model).__name__)
+            raise ValueError(f"int8 decoding supports the Transformer only, not arch {arch!r}; "
+                             "use precision fp32")
+        return quantize_model(model, activation_levels(cpu_flags()))
+    return model

@@ -1,0 +1,167 @@
+"""Int8 weights for decoding on x86 CPUs (`aiayn translate --precision int8`).
+
+Weights. Every linear layer's W (N, K) becomes int8 with one float32 scale per output row,
+symmetric (W ~ Q diag(scale), Q in [-127, 127]), packed once, at conversion, into fbgemm's blocked
+layout (`torch.ops.quantized.linear_prepack`). A product then streams a quarter of the fp32 bytes
+and runs on integer multiply-adds; no fp32 copy of the weight is kept.
+
+Activations are quantized at each call, one scale per row (a row is one position of one
+hypothesis): x_i / max|x_i| lies in [-1, 1] and is rounded to `levels` steps either side of zero
+by fbgemm's fused quantize-and-pack, with fixed quantization parameters
+(`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`); the int32 sums come back as float32,
+are multiplied by max|x_i| and the bias is added. One scale per row makes a row's result
+independent of the other rows of its batch, so a sentence translates the same alone as in any
+batch; PyTorch's dynamic quantization (`quantized::linear_dynamic`) takes one scale for the whole
+batch, which would not.
+
+Why 63 levels, not 127, on most CPUs: fbgemm's AVX2 and plain AVX-512 kernels multiply uint8
+activations by int8 weights with `vpmaddubsw`, which adds pairs of products in int16 and saturates
+above 32767. With activations in [0, 127] (zero point 64) a pair stays below 2 * 127 * 127 = 32258,
+exact; with [0, 255] it could overflow. CPUs with AVX512-VNNI accumulate in int32 (`vpdpbusd`),
+and there 127 levels are exact (`activation_levels`).
+
+Embeddings. The tied matrix (source and target embeddings, output projection, §3.4) is quantized
+once: the output projection is an `Int8Linear` over it, and the lookups read the same int8 rows and
+scales (`Int8Embedding`), kept unpacked beside fbgemm's packed copy (V * d_model bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+WEIGHT_LEVELS = 127  # int8 weights: [-127, 127], symmetric
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def int8_supported() -> bool:
+    """fbgemm's int8 kernels are built into this torch and the CPU runs them (AVX2 or newer)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return False
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def activation_levels(flags: frozenset[str]) -> int:
+    """Quantization steps either side of zero for activations: 127 where fbgemm accumulates in
+    int32 (AVX512-VNNI), else 63 so that AVX2's int16 pair sums cannot saturate (module doc)."""
+    return 127 if "avx512_vnni" in flags else 63
+
+
+def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row: w (N, K) ~ q * scale[:, None], q int8 in [-127, 127], scale
+    float32 (N,). A row of zeros gets scale 1 (and q = 0)."""
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1)  # (N,)
+    scale = torch.where(amax > 0, amax / WEIGHT_LEVELS, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-WEIGHT_LEVELS, WEIGHT_LEVELS).to(torch.int8)
+    return q, scale
+
+
+def _pack(q: Tensor, scale: Tensor):
+    """fbgemm's packed form of an int8 (N, K) weight with per-row scales. The quantized engine
+    is fbgemm for the packing (the product below is fbgemm's), then back to what it was."""
+    qw = torch._make_per_channel_quantized_tensor(
+        q, scale.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        return torch.ops.quantized.linear_prepack(qw, None)
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def row_absmax(x: Tensor) -> Tensor:
+    """max |x| over the last dimension, keepdim, at least the smallest normal float32 (a row of
+    zeros then stays zeros instead of becoming NaN): (..., K) -> (..., 1)."""
+    s = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True)
+    return s.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W int8 per output row and x quantized per row (module doc).
+    x: (..., K) float32 -> (..., N) float32. The bias stays float32."""
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, levels: int):
+        super().__init__()
+        self.in_features, self.out_features = q.size(1), q.size(0)
+        self.levels = levels
+        self._packed = _pack(q, scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, levels: int) -> "Int8Linear":
+        q, scale = quantize_rows(linear.weight)
+        return cls(q, scale, linear.bias, levels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.float()
+        s = row_absmax(x)  # (..., 1)
+        # x / s is in [-1, 1]: zero point levels + 1 maps it into [1, 2 * levels + 1]
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            x / s, 1.0 / self.levels, self.levels + 1, self._packed)  # (..., N)
+        y.mul_(s)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, activation levels={self.levels}")
+
+
+class Int8Embedding(nn.Module):
+    """Embedding lookup from int8 rows with per-row scales, times sqrt(d_model) (§3.4): what
+    `ScaledEmbedding` computes, from the quantized matrix. ids (B, T) -> (B, T, d_model) float32."""
+
+    def __init__(self, q: Tensor, scale: Tensor):
+        super().__init__()
+        self.register_buffer("q", q)  # (V, d_model) int8
+        self.register_buffer("scale", scale * math.sqrt(q.size(1)))  # (V,) sqrt(d_model) folded in
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.q[ids].float() * self.scale[ids].unsqueeze(-1)  # (B, T, d_model)
+
+
+def _replace_linears(module: nn.Module, levels: int) -> int:
+    n = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear.from_linear(child, levels))
+            n += 1
+        else:
+            n += _replace_linears(child, levels)
+    return n
+
+
+def quantize_model(model: nn.Module, levels: int, embeddings: bool = True) -> nn.Module:
+    """Convert a `Transformer` for int8 decoding, in place, and return it: every linear layer
+    becomes an `Int8Linear`; with `embeddings`, the embedding matrices too (the tied one shared by
+    the lookups and the output projection). LayerNorm and learned positions stay float32. The
+    float32 weights are released as each module is replaced (unless referenced elsewhere).
+    The result decodes only (no training, no state_dict round trip)."""
+    model.eval()
+    _replace_linears(model, levels)
+    if embeddings:
+        tied_output = model.out_proj is None
+        q, scale = quantize_rows(model.src_embed.weight)
+        model.src_embed = Int8Embedding(q, scale)
+        if model.tgt_embed is not None:
+            tq, tscale = quantize_rows(model.tgt_embed.weight)
+            model.tgt_embed = Int8Embedding(tq, tscale)
+        else:
+            tq, tscale = q, scale
+        if tied_output:  # the pre-softmax projection reads the target embedding matrix (§3.4)
+            model.out_proj = Int8Linear(tq, tscale, None, levels)
+    model.decode_precision = "int8"
+    return model

@@ -1,0 +1,166 @@
+"""End to end, as a user runs it: `aiayn translate` of a test file against CTranslate2 from Python
+on the same model, imports and model loading included; wall time, peak RSS and sacreBLEU.
+
+    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/translate_e2e.py \\
+        --model runs/m30k/model --src data/test.src.txt --ref data/test.tgt.txt --out runs/e2e
+
+Every row is a fresh process pinned with `taskset` to the same cores with the same thread count
+(`--cpus`, `--threads`), timed from its start to its exit, its peak RSS from the kernel's rusage
+of the child (ru_maxrss):
+- `aiayn translate --model M --input SRC --output HYP --precision P` for each `--precisions`
+  (beam and length penalty from the model's config, as a user gets them);
+- CTranslate2: the model exported once (untimed) by `aiayn export --format ctranslate2`
+  (`--quantization int8`, or float32), then a Python script importing only ctranslate2 and
+  sentencepiece: tokenize, `Translator.translate_batch` (beam 4 and max_batch_size 64 as
+  `--ct2-batch` says, its own length normalisation: `length_penalty` 1, PAD and BOS suppressed as
+  `aiayn export` documents), detokenize, write.
+Each row runs `--reps` times (the fastest time and the largest RSS are reported); the translations
+are scored with sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked
+here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+QUALITY_BOUND = 0.3  # sacreBLEU points: int8 against fp32 on the same model
+
+
+def timed(cmd: list[str], cpus: str, threads: int) -> tuple[float, float, str]:
+    """Run `cmd` pinned to `cpus`: (seconds from start to exit, peak RSS in MB, stderr);
+    raises RuntimeError with its last stderr line when it fails."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+    start = time.perf_counter()
+    p = subprocess.Popen(["taskset", "-c", cpus, *cmd], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    seconds = time.perf_counter() - start
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        tail = [ln for ln in err.strip().splitlines() if ln.strip()]
+        raise RuntimeError(f"{shlex.join(cmd)}: exit {p.returncode}: {tail[-1] if tail else ''}")
+    return seconds, usage.ru_maxrss / 1024, err
+
+
+def ct2_child(model: str, src: str, out: str, compute_type: str, threads: int, beam: int,
+              batch: int) -> int:
+    """The CTranslate2 row's process: what a user's script does (imports counted)."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(Path(model) / "spm.model"))
+    lines = Path(src).read_text(encoding="utf-8").splitlines()
+    tr = ctranslate2.Translator(model, device="cpu", compute_type=compute_type,
+                                intra_threads=threads, inter_threads=1)
+    pieces = sp.encode(lines, out_type=str)
+    res = tr.translate_batch(pieces, beam_size=beam, max_batch_size=batch,
+                             suppress_sequences=[["<pad>"], ["<s>"]])
+    text = [sp.decode(r.hypotheses[0]) for r in res]
+    Path(out).write_text("".join(t + "\n" for t in text), encoding="utf-8")
+    return 0
+
+
+def bleu(hyp: Path, refs: list[str]) -> float:
+    from aiayn.evaluation.sacre import sacre_bleu
+
+    return sacre_bleu(hyp.read_text(encoding="utf-8").splitlines(), refs).score
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="an aiayn model directory")
+    p.add_argument("--src", help="source sentences, one a line")
+    p.add_argument("--ref", help="their references, for sacreBLEU")
+    p.add_argument("--out", type=Path, help="work directory (exports, translations, results.json)")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int8"],
+                   help="aiayn translate --precision values to run (default fp32 int8)")
+    p.add_argument("--ct2", nargs="*", default=["int8", "float32"],
+                   help="CTranslate2 compute types to run (default int8 float32)")
+    p.add_argument("--ct2-batch", type=int, default=64, help="CTranslate2 max_batch_size")
+    p.add_argument("--beam", type=int, default=4, help="CTranslate2's beam (aiayn: the config's)")
+    p.add_argument("--reps", type=int, default=1, help="runs per row (fastest reported)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cpus", default="0,1")
+    p.add_argument("--ct2-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--compute-type", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.ct2_child:
+        return ct2_child(*a.ct2_child, a.compute_type, a.threads, a.beam, a.ct2_batch)
+    if not (a.model and a.src and a.ref and a.out):
+        p.error("--model, --src, --ref and --out are required")
+    a.out.mkdir(parents=True, exist_ok=True)
+    refs = Path(a.ref).read_text(encoding="utf-8").splitlines()
+    py = sys.executable
+    rows = []
+
+    def run(name: str, cmd: list[str], hyp: Path) -> None:
+        best = None
+        for _ in range(a.reps):
+            seconds, rss, err = timed(cmd, a.cpus, a.threads)
+            best = (min(seconds, best[0]), max(rss, best[1])) if best else (seconds, rss)
+        row = {"system": name, "seconds": round(best[0], 2), "peak_rss_mb": round(best[1]),
+               "sacrebleu": round(bleu(hyp, refs), 2), "command": shlex.join(cmd)}
+        rows.append(row)
+        print(f"{name}: {row['seconds']} s, {row['peak_rss_mb']} MB, BLEU {row['sacrebleu']}",
+              file=sys.stderr, flush=True)
+
+    for prec in a.precisions:
+        hyp = a.out / f"aiayn-{prec}.hyp"
+        run(f"aiayn translate --precision {prec}",
+            [py, "-m", "aiayn", "translate", "--model", a.model, "--input", a.src, "--output",
+             str(hyp), "--overwrite", "--precision", prec], hyp)
+    for ct in a.ct2:
+        export = a.out / f"ct2-{ct}"
+        if not export.exists():
+            quant = [] if ct == "float32" else ["--quantization", ct]
+            subprocess.run([py, "-m", "aiayn", "export", "--format", "ctranslate2", *quant,
+                            a.model, str(export)], check=True, cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+        hyp = a.out / f"ct2-{ct}.hyp"
+        run(f"CTranslate2 {ct} (Python)",
+            [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
+             "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch)],
+            hyp)
+
+    by = {r["system"]: r for r in rows}
+    lines = ["| system | seconds | peak RSS MB | sacreBLEU |", "|---|---|---|---|"]
+    lines += [f"| {r['system']} | {r['seconds']:.2f} | {r['peak_rss_mb']} | {r['sacrebleu']:.2f} |"
+              for r in rows]
+    fp32, int8 = by.get("aiayn translate --precision fp32"), by.get("aiayn translate --precision int8")
+    if fp32 and int8:
+        gap = int8["sacrebleu"] - fp32["sacrebleu"]
+        ok = abs(gap) <= QUALITY_BOUND
+        lines.append(f"\naiayn int8 - fp32 sacreBLEU: {gap:+.2f} "
+                     f"({'within' if ok else 'OUTSIDE'} the bound of {QUALITY_BOUND})")
+    ct2 = by.get("CTranslate2 int8 (Python)")
+    for r in rows:
+        if ct2 and r["system"].startswith("aiayn"):
+            lines.append(f"{r['system']}: {ct2['seconds'] / r['seconds']:.2f}x CTranslate2 int8's "
+                         f"speed, {r['peak_rss_mb'] / ct2['peak_rss_mb']:.2f}x its peak RSS")
+    text = "\n".join(lines)
+    print(text)
+    from aiayn.io import atomic_write
+
+    with atomic_write(a.out / "results.json") as f:
+        json.dump({"rows": rows, "model": a.model, "src": a.src, "threads": a.threads,
+                   "cpus": a.cpus, "command": shlex.join(["python", *sys.argv])}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
