@@ -25,6 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
     "export": ("export", "convert a model for another inference engine (CTranslate2)"),
+    "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
+    "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
+    "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
 }
 
 

@@ -33,6 +33,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", metavar="FILE", help="UTF-8 text, one sentence a line (default: stdin)")
     p.add_argument("--output", "-o", metavar="FILE", help="where to write (default: stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    add_search_arguments(p)
+    o = p.add_argument_group("interaction")
+    o.add_argument("--interactive", action="store_true",
+                   help="prompt and translate each line as it is typed (the default when stdin "
+                        "is a terminal and there is no --input)")
+    o.add_argument("--progress", action="store_true",
+                   help="show a progress bar on stderr (default: when stderr is a terminal)")
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """Search, batching and hardware options, shared by `aiayn translate` and `aiayn parse`."""
     s = p.add_argument_group("search (defaults: the model config's, the paper's)")
     s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
     s.add_argument("--alpha", type=float, help="length penalty exponent (config default 0.6)")
@@ -53,15 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     b.add_argument("--bf16", action="store_true", help="run the model in bfloat16 (weights cast once; scores stay float32)")
-    o = p.add_argument_group("interaction")
-    o.add_argument("--interactive", action="store_true",
-                   help="prompt and translate each line as it is typed (the default when stdin "
-                        "is a terminal and there is no --input)")
-    o.add_argument("--progress", action="store_true",
-                   help="show a progress bar on stderr (default: when stderr is a terminal)")
 
 
-def _device(name: str):
+def torch_device(name: str):
     import torch
 
     try:
@@ -73,7 +78,7 @@ def _device(name: str):
     return device
 
 
-def _read_input(path: str | None) -> list[str]:
+def read_input(path: str | None) -> list[str]:
     from aiayn.data.corpus import decode_utf8, read_lines, split_lines
 
     if path is None or path == "-":
@@ -81,7 +86,8 @@ def _read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
-def _options(args: argparse.Namespace) -> dict:
+def search_options(args: argparse.Namespace) -> dict:
+    """Translator keyword arguments from `add_search_arguments`' options."""
     if args.max_src_tokens < 2:
         raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
     return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
@@ -128,7 +134,7 @@ def _write_results(out, translator, lines: list[str], nbest: int | None, progres
 def main(args: argparse.Namespace) -> int:
     from aiayn.io import atomic_write, check_writable
 
-    options = _options(args)
+    options = search_options(args)
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and args.input is not None:
         raise UserError("--interactive reads the terminal; drop --input")
@@ -144,8 +150,8 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     if args.output is not None:
         check_writable(args.output, args.overwrite)
-    device = _device(args.device)
-    lines = None if interactive else _read_input(args.input)
+    device = torch_device(args.device)
+    lines = None if interactive else read_input(args.input)
 
     loaded = load_model(args.model, device)
     try:

@@ -110,6 +110,7 @@ class PrepareOptions:
     separate_vocab: bool = False
     model_type: str = "bpe"
     tgt_model_type: str | None = None  # separate vocabularies only; None: model_type
+    tgt_vocab_size: int | None = None  # separate vocabularies only; None: vocab_size
     max_len: int = 250  # subword tokens per side, training only; 0 = no limit
     max_ratio: float = 9.0  # longer/shorter side in subword tokens, training only; 0 = no limit
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
@@ -125,9 +126,11 @@ class PrepareOptions:
         for lang in (self.src_lang, self.tgt_lang):
             if not re.fullmatch(r"[A-Za-z0-9_-]+", lang):
                 raise UserError(f"language code {lang!r} should be letters, digits, '_' or '-'")
-        if self.tgt_model_type is not None and not self.separate_vocab:
-            raise UserError("a target model type of its own needs separate vocabularies "
-                            "(--separate-vocab)")
+        if (self.tgt_model_type is not None or self.tgt_vocab_size is not None) and not self.separate_vocab:
+            raise UserError("a target model type or vocabulary size of its own needs separate "
+                            "vocabularies (--separate-vocab)")
+        if self.tgt_vocab_size is not None and self.tgt_vocab_size < 5:
+            raise UserError(f"--tgt-vocab-size must be at least 5, got {self.tgt_vocab_size}")
         if self.src_lang == self.tgt_lang:
             raise UserError(f"source and target language are both {self.src_lang!r}")
 
@@ -154,7 +157,9 @@ def _fingerprint(options: PrepareOptions, sources: dict[str, dict]) -> str:
     """Hash of everything that decides the output: options and input contents (not their paths)."""
     key = {
         "format": [FORMAT, FORMAT_VERSION],
-        "options": options.__dict__,
+        # an unset target size is left out, so datasets made before the option keep their key
+        "options": {k: v for k, v in options.__dict__.items()
+                    if not (k == "tgt_vocab_size" and v is None)},
         "inputs": {split: [(f["role"], f["sha256"]) for f in s["files"]] for split, s in sources.items()},
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -245,7 +250,8 @@ def _learn_vocab(
         f"from {len(src)} training pairs")
     src_tok, tgt_tok = train_tokenizers(
         src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
-        tgt_model_type=options.tgt_model_type, byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
+        tgt_model_type=options.tgt_model_type, tgt_vocab_size=options.tgt_vocab_size,
+        byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
     )
     toks = {"src": src_tok, "tgt": tgt_tok}
     vocab = {}

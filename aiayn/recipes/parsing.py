@@ -1,0 +1,69 @@
+"""English constituency parsing (§6.3) on a Penn Treebank: the recipe's data step and presets.
+
+The recipe (scripts/parsing.sh runs it end to end):
+
+    aiayn treebank --treebank treebank.zip --out corpus      # clean, split by file, linearize
+    aiayn prepare --src-lang words --tgt-lang tree --train corpus/train --valid corpus/valid \\
+        --test corpus/test --separate-vocab --model-type bpe --tgt-model-type word ...
+    aiayn train --preset parsing-cpu ...; aiayn average ...
+    aiayn parse --model M --input corpus/test.words --output test.trees   # beam 21, alpha 0.3
+    aiayn evalb --gold corpus/test.gold --test test.trees                  # EVALB, COLLINS.prm
+
+`write_corpus` writes, per split, `SPLIT.words` (the sentence, words separated by spaces: the
+source), `SPLIT.tree` (the linearized tree: the target) and `SPLIT.gold` (the cleaned tree on one
+line, for scoring), line-aligned.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from aiayn.config import PRESETS as PAPER_PRESETS
+from aiayn.io import atomic_write
+
+# §6.3: 4 layers, d_model 1024, beam 21, alpha 0.3, outputs up to input + 300 (aiayn/config.py).
+PARSING = PAPER_PRESETS["parsing"]
+
+# `parsing-cpu`: the 10% WSJ sample (3.4K training sentences) in 30 minutes on 2 CPU cores (fp32).
+# Decoding stays §6.3's. Chosen on the dev files (docs/parsing.md, "Experiments").
+PARSING_CPU = replace(PARSING, n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3,
+                      warmup_steps=500, max_tokens=2048, lr_cooldown=0.2)
+
+PRESETS = {
+    "parsing-cpu": PARSING_CPU,
+}
+
+SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also prepare's "languages"
+
+
+def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
+                 keep_tags: bool = False) -> dict:
+    """Read, clean and split a treebank, write each split's files (module docstring) and
+    `corpus.json` (counts and settings); returns what it wrote there."""
+    from aiayn.parsing.linearize import linearize
+    from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
+
+    spec = splits or DEFAULT_SPLITS
+    parts = split_treebank(read_treebank(treebank), spec)
+    out = Path(out_dir)
+    info: dict = {"treebank": str(treebank), "splits": spec, "keep_tags": keep_tags, "counts": {}}
+    for name, split in parts.items():
+        columns = {
+            SOURCE: [" ".join(t.leaves()) for t in split.trees],
+            TARGET: [" ".join(linearize(t, keep_tags)) for t in split.trees],
+            GOLD: [tree_line(t) for t in split.trees],
+        }
+        for suffix, lines in columns.items():
+            with atomic_write(out / f"{name}.{suffix}") as f:
+                f.write("".join(line + "\n" for line in lines))
+        info["counts"][name] = {"files": len(split.files), "sentences": len(split.trees),
+                                "words": sum(len(t.leaves()) for t in split.trees),
+                                "dropped_empty": split.dropped,
+                                "first_file": split.files[0], "last_file": split.files[-1]}
+    if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
+        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, keep_tags)})
+    with atomic_write(out / "corpus.json") as f:
+        json.dump(info, f, indent=2)
+    return info
