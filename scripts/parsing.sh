@@ -37,8 +37,8 @@ $A average --run "$OUT/run" --out "$OUT/model" --overwrite
 for split in $EVAL_SPLITS; do
   $A parse --model "$OUT/model" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
       --linearized "$OUT/$split.lin" --overwrite --progress ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
-  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" > "$OUT/$split.evalb"
-  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --json > "$OUT/$split.evalb.json"
+  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold > "$OUT/$split.evalb"
+  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold --json > "$OUT/$split.evalb.json"
 done
 set +x
 for split in $EVAL_SPLITS; do

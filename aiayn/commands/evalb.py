@@ -5,6 +5,7 @@ most 40 words; per-sentence rows as EVALB prints them.
 
     aiayn evalb --gold corpus/test.gold --test test.trees
     aiayn evalb --gold corpus/test.gold --test test.trees --summary --json
+    aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold   # XX-tagged output
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test", required=True, metavar="FILE", help="trees to score, one per line")
     p.add_argument("--prm", metavar="FILE",
                    help="an EVALB parameter file instead of the built-in COLLINS.prm settings")
+    p.add_argument("--tags-from-gold", action="store_true",
+                   help="give test words tagged XX (a parser trained on normalised tags) the gold "
+                        "tag at the same position: EVALB uses tags only to delete punctuation, and "
+                        "this deletes the same words on both sides; brackets are untouched")
     p.add_argument("--summary", action="store_true", help="only the summary, no per-sentence rows")
     p.add_argument("--json", action="store_true", help="print the totals as one JSON object")
 
@@ -27,10 +32,13 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     from aiayn.data.corpus import read_lines
-    from aiayn.parsing.evalb import COLLINS, evalb, format_report, read_params
+    from aiayn.parsing.evalb import COLLINS, evalb, format_report, read_params, retag_from_gold
 
     params = read_params(args.prm) if args.prm else COLLINS
-    res = evalb(read_lines(args.gold), read_lines(args.test), params)
+    gold, test = read_lines(args.gold), read_lines(args.test)
+    if args.tags_from_gold:
+        test = [retag_from_gold(t, g) for t, g in zip(test, gold)]
+    res = evalb(gold, test, params)
     if args.json:
         print(json.dumps({"all": res.all.as_dict(), f"len<={res.cutoff_len}": res.short.as_dict()},
                          indent=2))
