@@ -143,9 +143,9 @@ def test_unlabelled_scoring():
     assert s.match == 2
 
 
-def test_retag_from_gold_gives_xx_words_the_gold_tags():
+def test_retag_from_gold_gives_the_words_the_gold_tags():
     gold = "(S (NP (-NONE- *)) (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"
-    test = "(S (NP (XX The) (XX cat)) (VP (VBD sat) (XX .)))"
+    test = "(S (NP (XX The) (XX cat)) (VP (VBN sat) (XX .)))"
     assert retag_from_gold(test, gold) == "(S (NP (DT The) (NN cat)) (VP (VBD sat) (. .)))"
     assert retag_from_gold("(S (XX a))", gold) == "(S (XX a))"  # word counts differ: unchanged
     # untagged, "." counts as a word and the lengths differ (an error); retagged, it is deleted

@@ -21,9 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prm", metavar="FILE",
                    help="an EVALB parameter file instead of the built-in COLLINS.prm settings")
     p.add_argument("--tags-from-gold", action="store_true",
-                   help="give test words tagged XX (a parser trained on normalised tags) the gold "
-                        "tag at the same position: EVALB uses tags only to delete punctuation, and "
-                        "this deletes the same words on both sides; brackets are untouched")
+                   help="give each test word the gold tag at its position: EVALB uses tags only to "
+                        "delete punctuation, and a parser trained on tags normalised to XX has none; "
+                        "this deletes the same words on both sides, brackets untouched")
     p.add_argument("--summary", action="store_true", help="only the summary, no per-sentence rows")
     p.add_argument("--json", action="store_true", help="print the totals as one JSON object")
 

@@ -160,24 +160,20 @@ def scored_brackets(b: Bracketing, params: EvalbParams = COLLINS) -> list[tuple[
 _TERMINAL = re.compile(r"\(([^\s()]+)\s+([^\s()]+)\s*\)")
 
 
-def retag_from_gold(test_line: str, gold_line: str, slot: str = "XX", trace: str = "-NONE-") -> str:
-    """`test_line` with each `(XX word)` given the tag of the gold's word at the same position
-    (gold traces not counted); unchanged if the two have different numbers of words.
+def retag_from_gold(test_line: str, gold_line: str, trace: str = "-NONE-") -> str:
+    """`test_line` with each word given the tag of the gold's word at the same position (gold
+    traces not counted); unchanged if the two have different numbers of words.
 
     A parser that writes one symbol for every part of speech (Vinyals et al.'s normalisation)
-    gives EVALB no tags, and EVALB needs them for one thing: deleting the punctuation words.
-    Taking them from the gold deletes the same words on both sides; brackets are untouched.
+    gives EVALB no tags, and EVALB needs them for one thing in the bracket scores: deleting the
+    punctuation words. Taking them from the gold deletes the same words on both sides, for any
+    parser; brackets are untouched (tagging accuracy then means nothing).
     """
     gold_tags = [tag for tag, _ in _TERMINAL.findall(gold_line) if tag != trace]
     if len(gold_tags) != len(_TERMINAL.findall(test_line)):
         return test_line
     tags = iter(gold_tags)
-
-    def sub(m: re.Match) -> str:
-        tag = next(tags)
-        return f"({tag if m.group(1) == slot else m.group(1)} {m.group(2)})"
-
-    return _TERMINAL.sub(sub, test_line)
+    return _TERMINAL.sub(lambda m: f"({next(tags)} {m.group(2)})", test_line)
 
 
 # --- scoring ------------------------------------------------------------------------------------
