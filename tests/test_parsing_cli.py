@@ -111,8 +111,8 @@ def test_parse_lines_delinearizes_the_translators_outputs():
         def translate(self, lines, progress=False):
             return ["(S (NP XX )NP (VP XX XX )VP )S", "(S XX XX XX"][: len(lines)]
 
-    res = parse_lines(Fixed(), ["a b c", "x y"])
-    assert res.trees == ["(S (NP (XX a)) (VP (XX b) (XX c)))", "(S (XX x) (XX y))"]
+    res = parse_lines(Fixed(), ["a ( c", "x y)"])
+    assert res.trees == ["(S (NP (XX a)) (VP (XX -LRB-) (XX c)))", "(S (XX x) (XX y-RRB-))"]
     assert dict(res.repairs.counts) == {"unclosed": 1, "extra_slots": 1} and res.repairs.sentences == 1
     with pytest.raises(ValueError):
         trees_from_outputs(["a"], [])

@@ -179,8 +179,24 @@ def retag_from_gold(test_line: str, gold_line: str, trace: str = "-NONE-") -> st
 # --- scoring ------------------------------------------------------------------------------------
 
 
+class _Bracketed:
+    """Recall and precision (%) of `match` over `gold` and `test` constituents."""
+
+    match: int
+    gold: int
+    test: int
+
+    @property
+    def recall(self) -> float:
+        return 100.0 * self.match / self.gold if self.gold else 0.0
+
+    @property
+    def precision(self) -> float:
+        return 100.0 * self.match / self.test if self.test else 0.0
+
+
 @dataclass
-class SentenceScore:
+class SentenceScore(_Bracketed):
     """One line's figures; status is "ok", "skip" (no test words) or "error" (words differ)."""
 
     length: int
@@ -193,13 +209,6 @@ class SentenceScore:
     correct_tags: int = 0
     message: str = ""
 
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.match / self.gold if self.gold else 0.0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.match / self.test if self.test else 0.0
 
 
 def score_sentence(gold: Bracketing, test: Bracketing, params: EvalbParams = COLLINS) -> SentenceScore:
@@ -228,7 +237,7 @@ def score_sentence(gold: Bracketing, test: Bracketing, params: EvalbParams = COL
 
 
 @dataclass
-class Totals:
+class Totals(_Bracketed):
     """Corpus figures over a set of sentences (EVALB's summary block)."""
 
     sentences: int = 0
@@ -263,14 +272,6 @@ class Totals:
     @property
     def valid(self) -> int:
         return self.sentences - self.errors - self.skipped
-
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.match / self.gold if self.gold else 0.0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.match / self.test if self.test else 0.0
 
     @property
     def f1(self) -> float:

@@ -27,6 +27,16 @@ class ParseResult:
         return len(self.trees) / self.seconds if self.seconds else 0.0
 
 
+# Brackets inside words would break the bracketed output; the treebank writes them this way.
+PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
+
+
+def ptb_escape(line: str) -> str:
+    """`f ( x )` -> `f -LRB- x -RRB-`: words that are brackets, as the Penn Treebank writes them;
+    a bracket inside a longer word is replaced the same way."""
+    return " ".join("".join(PTB_ESCAPES.get(c, c) for c in w) for w in line.split())
+
+
 def trees_from_outputs(lines: Sequence[str], outputs: Sequence[str]) -> tuple[list[str], Repairs]:
     """Delinearize each output over its sentence's whitespace-separated words."""
     repairs = Repairs()
@@ -43,10 +53,12 @@ def trees_from_outputs(lines: Sequence[str], outputs: Sequence[str]) -> tuple[li
 
 
 def parse_lines(translator: Any, lines: Sequence[str], progress: bool = False) -> ParseResult:
-    """Parse tokenized sentences (one per line, words separated by spaces) with a
-    `aiayn.decoding.translate.Translator` over a model trained on linearized trees."""
+    """Parse tokenized sentences (one per line, words separated by spaces; brackets become
+    -LRB- and -RRB-) with a `aiayn.decoding.translate.Translator` over a model trained on
+    linearized trees."""
+    lines = [ptb_escape(line) for line in lines]
     t0 = time.perf_counter()
-    outputs = translator.translate(list(lines), progress=progress)
+    outputs = translator.translate(lines, progress=progress)
     seconds = time.perf_counter() - t0
     trees, repairs = trees_from_outputs(lines, outputs)
     return ParseResult(trees, repairs, list(outputs), seconds)
