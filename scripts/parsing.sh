@@ -42,7 +42,7 @@ for split in $EVAL_SPLITS; do
 done
 set +x
 for split in $EVAL_SPLITS; do
-  echo "== $split: $(grep -m1 'sentences/s' "$OUT/$split.parse.log")"
+  echo "== $split: $(tr '\r' '\n' < "$OUT/$split.parse.log" | grep -m1 '^aiayn parse:')"
   grep -A 12 -- "-- All --" "$OUT/$split.evalb" | grep -E "Valid|Recall|Precision|FMeasure|Complete"
   grep -A 12 -- "-- len<=40 --" "$OUT/$split.evalb" | grep -E "FMeasure" | sed 's/^/<=40 words: /'
 done
