@@ -32,7 +32,7 @@ def corrupt(gold_lines: list[str], p: float, seed: int = 0) -> list[str]:
     out = []
     for line in gold_lines:
         tree = parse_tree(line)
-        toks = linearize(tree, keep_tags=True)
+        toks = linearize(tree, "tags")
         noisy: list[str] = []
         for tok in toks:
             r = rng.random()

@@ -17,18 +17,25 @@ TREEBANK=${TREEBANK:-../shared/data/ptb-sample/treebank.zip}
 OUT=${OUT:-runs/parsing}
 MINUTES=${MINUTES:-30}
 PRESET=${PRESET:-parsing-cpu}
+SLOTS=${SLOTS:-xx}  # what stands for a word in the target: xx (§6.3), tags, or words
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
 A=${AIAYN:-.venv/bin/aiayn}
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume
 set -x
-$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --overwrite ${TREEBANK_ARGS:-}
-SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --overwrite ${TREEBANK_ARGS:-}
+if [ "$SLOTS" = words ]; then
+  # words on both sides: one shared vocabulary (§3.4), learned from the sentences and the trees
+  VOCAB=(--model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB")
+else
+  # the target is a closed set of tree symbols: one id each, apart from the source's pieces
+  SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+  VOCAB=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB" --tgt-model-type word
+         --tgt-vocab-size $((SYMBOLS + 4)))
+fi
 $A prepare --src-lang words --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
-    --test "$OUT/corpus/test" --separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB" \
-    --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)) --max-len 0 --max-ratio 0 \
-    --out "$OUT/data" ${PREPARE_ARGS:-}
+    --test "$OUT/corpus/test" "${VOCAB[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
 # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
 $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
     --save-minutes "$(awk "BEGIN {print $MINUTES / 30}")" --eval-every 250 --eval-bleu-sentences 0 \

@@ -15,8 +15,12 @@ WORDS = CAT.leaves()
 
 def test_linearize_depth_first_with_labelled_closing_brackets():
     assert " ".join(linearize(CAT)) == "(S (NP XX XX )NP (VP XX (PP XX (NP XX XX )NP )PP )VP XX )S"
-    assert " ".join(linearize(CAT, keep_tags=True)) == \
+    assert " ".join(linearize(CAT, "tags")) == \
         "(S (NP DT NN )NP (VP VBD (PP IN (NP DT NN )NP )PP )VP . )S"
+    assert " ".join(linearize(CAT, "words")) == \
+        "(S (NP The cat )NP (VP sat (PP on (NP the mat )NP )PP )VP . )S"
+    with pytest.raises(ValueError):
+        linearize(CAT, "pos")
 
 
 @pytest.mark.parametrize("text", [
@@ -25,21 +29,22 @@ def test_linearize_depth_first_with_labelled_closing_brackets():
     "(FRAG (NP (NN Yes)))",
     "(NP (-LRB- -LRB-) (NN x) (-RRB- -RRB-))",
 ])
-@pytest.mark.parametrize("keep_tags", [False, True])
-def test_round_trip_is_exact_and_needs_no_repair(text, keep_tags):
+@pytest.mark.parametrize("slots", ["xx", "tags", "words"])
+def test_round_trip_is_exact_and_needs_no_repair(text, slots):
     tree = Tree.fromstring(text)
-    back, fix = delinearize(linearize(tree, keep_tags), tree.leaves())
-    if keep_tags:
+    back, fix = delinearize(linearize(tree, slots), tree.leaves())
+    if slots == "tags":
         assert back == tree
-    else:  # the same brackets, every tag XX
-        assert tree_line(back) == tree_line(_all_xx(tree))
+    else:  # the same brackets; XX for every tag (words style: a word that reads as a tag gives it)
+        assert tree_line(back) == tree_line(_all_xx(tree, slots == "words"))
     assert fix.total == 0 and fix.sentences == 0
 
 
-def _all_xx(tree):
+def _all_xx(tree, words_as_tags=False):
     if isinstance(tree[0], str):
-        return Tree("XX", list(tree))
-    return Tree(tree.label(), [_all_xx(c) for c in tree])
+        word = tree[0]
+        return Tree(word if words_as_tags and word in {".", "-LRB-", "-RRB-"} else "XX", [word])
+    return Tree(tree.label(), [_all_xx(c, words_as_tags) for c in tree])
 
 
 def _check(tokens, words, want_line, **want_counts):

@@ -27,9 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", default=DEFAULT_SPLITS, metavar="SPEC",
                    help=f"file-number ranges per split (default {DEFAULT_SPLITS}: the NLTK 10%% "
                         "sample; the full WSJ's sections 02-21/22/23 are files 200-2199/2200-2299/2300-2399)")
-    p.add_argument("--keep-tags", action="store_true",
-                   help="keep the part-of-speech tags in the target (default: one symbol XX, as "
-                        "Vinyals et al. normalise them)")
+    p.add_argument("--slots", default="xx", choices=["xx", "tags", "words"],
+                   help="what stands for each word in the target: xx (default: every "
+                        "part-of-speech tag normalised to XX, as Vinyals et al.), tags (the real "
+                        "tags), or words (the word itself; not in the paper)")
     p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
 
 
@@ -42,10 +43,10 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if (out / "corpus.json").exists() and not args.overwrite:
         raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
-    info = write_corpus(args.treebank, out, args.splits, args.keep_tags)
+    info = write_corpus(args.treebank, out, args.splits, args.slots)
     for name, c in info["counts"].items():
         print(f"{name}: {c['sentences']:,} sentences, {c['words']:,} words from {c['files']} files "
               f"({c['first_file']} .. {c['last_file']})")
     print(f"target symbols in train: {info.get('train_target_symbols')} "
-          f"({'real tags' if args.keep_tags else 'tags normalised to XX'}); wrote {out}/corpus.json")
+          f"(word slots: {args.slots}); wrote {out}/corpus.json")
     return 0

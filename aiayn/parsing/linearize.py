@@ -2,8 +2,9 @@
 
 `linearize` writes a tree depth first: an opening token `(NP` per constituent, its children, then
 a labelled closing token `)NP`; each word's part-of-speech tag becomes one slot token, `XX` (the
-normalisation Vinyals et al. apply), or the tag itself with `keep_tags`. The words are not in
-the target: the source is the sentence.
+normalisation Vinyals et al. apply), or the tag itself (`slots="tags"`), or, not in the paper,
+the word itself (`slots="words"`). By default the words are not in the target: the source is
+the sentence.
 
     (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))
     -> source: The cat sat .
@@ -12,7 +13,8 @@ the target: the source is the sentence.
 `delinearize` turns *any* token sequence back into a tree over exactly the given words, and
 counts what it had to repair (`Repairs`): a model's output may be unbalanced, have too few or too
 many word slots, or be empty. Every token that does not start with `(` or `)` is a word slot,
-whatever its text (the slot's text becomes the word's tag).
+whatever its text; a slot that reads as a part-of-speech tag gives the word that tag, any other
+gives it XX. The tree's words are always the input's.
 """
 
 from __future__ import annotations
@@ -62,13 +64,27 @@ class Repairs:
         return f"{self.sentences} output(s) repaired: {kinds}"
 
 
-def linearize(tree, keep_tags: bool = False) -> list[str]:
-    """Depth-first tokens of `tree` (an nltk Tree whose leaves are words), module docstring."""
+SLOT_KINDS = ("xx", "tags", "words")
+
+# The Penn Treebank's part-of-speech tags: a word slot whose text is one of these (or XX) gives
+# the word its tag; any other slot text (a word, with `slots="words"`) gives XX.
+PTB_TAGS = frozenset("CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR "
+                     "RBS RP SYM TO UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB # $ . , : `` '' "
+                     "-LRB- -RRB-".split()) | {SLOT}
+
+
+def linearize(tree, slots: str = "xx") -> list[str]:
+    """Depth-first tokens of `tree` (an nltk Tree whose leaves are words), module docstring.
+    `slots` says what stands for each word: "xx" (§6.3 after Vinyals et al.), "tags" (its
+    part-of-speech tag) or "words" (the word itself; not in the paper, off by default: the
+    decoder then sees the words it has placed, as a language model over trees does)."""
+    if slots not in SLOT_KINDS:
+        raise ValueError(f"slots must be one of {SLOT_KINDS}, got {slots!r}")
     if is_preterminal(tree):
-        return [tree.label() if keep_tags else SLOT]
+        return [{"xx": SLOT, "tags": tree.label(), "words": tree[0]}[slots]]
     out = ["(" + tree.label()]
     for child in tree:
-        out += linearize(child, keep_tags)
+        out += linearize(child, slots)
     out.append(")" + tree.label())
     return out
 
@@ -116,7 +132,7 @@ def delinearize(tokens: Sequence[str] | str, words: Sequence[str]) -> tuple[obje
                 fix["mismatched_close"] += 1
             (stack[-1] if stack else top).append(node)
         elif n < len(words):
-            (stack[-1] if stack else top).append(Tree(tok, [words[n]]))
+            (stack[-1] if stack else top).append(Tree(tok if tok in PTB_TAGS else SLOT, [words[n]]))
             n += 1
         else:
             fix["extra_slots"] += 1

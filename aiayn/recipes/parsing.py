@@ -39,7 +39,7 @@ SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also pre
 
 
 def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
-                 keep_tags: bool = False) -> dict:
+                 slots: str = "xx") -> dict:
     """Read, clean and split a treebank, write each split's files (module docstring) and
     `corpus.json` (counts and settings); returns what it wrote there."""
     from aiayn.parsing.linearize import linearize
@@ -48,11 +48,11 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
     spec = splits or DEFAULT_SPLITS
     parts = split_treebank(read_treebank(treebank), spec)
     out = Path(out_dir)
-    info: dict = {"treebank": str(treebank), "splits": spec, "keep_tags": keep_tags, "counts": {}}
+    info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots, "counts": {}}
     for name, split in parts.items():
         columns = {
             SOURCE: [" ".join(t.leaves()) for t in split.trees],
-            TARGET: [" ".join(linearize(t, keep_tags)) for t in split.trees],
+            TARGET: [" ".join(linearize(t, slots)) for t in split.trees],
             GOLD: [tree_line(t) for t in split.trees],
         }
         for suffix, lines in columns.items():
@@ -63,7 +63,7 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
                                 "dropped_empty": split.dropped,
                                 "first_file": split.files[0], "last_file": split.files[-1]}
     if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
-        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, keep_tags)})
+        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, slots)})
     with atomic_write(out / "corpus.json") as f:
         json.dump(info, f, indent=2)
     return info
