@@ -25,17 +25,15 @@ RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume
 set -x
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --overwrite ${TREEBANK_ARGS:-}
-if [ "$SLOTS" = words ]; then
-  # words on both sides: one shared vocabulary (§3.4), learned from the sentences and the trees
-  VOCAB=(--model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB")
-else
-  # the target is a closed set of tree symbols: one id each, apart from the source's pieces
-  SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
-  VOCAB=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB" --tgt-model-type word
-         --tgt-vocab-size $((SYMBOLS + 4)))
-fi
+# The target vocabulary: one id per tree symbol (and, with SLOTS=words, per word among the
+# TGT_WORDS most frequent; rarer ones are UNK there, their slot still a slot), apart from the
+# source's pieces: a shared BPE vocabulary would cut `(NP` into `(` + `NP`.
+SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+TGT_VOCAB=$((SYMBOLS + 4)); [ "$TGT_VOCAB" -gt "${TGT_WORDS:-4000}" ] && TGT_VOCAB=${TGT_WORDS:-4000}
 $A prepare --src-lang words --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
-    --test "$OUT/corpus/test" "${VOCAB[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
+    --test "$OUT/corpus/test" --separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB" \
+    --tgt-model-type word --tgt-vocab-size "$TGT_VOCAB" --max-len 0 --max-ratio 0 \
+    --out "$OUT/data" ${PREPARE_ARGS:-}
 # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
 $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
     --save-minutes "$(awk "BEGIN {print $MINUTES / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
