@@ -18,22 +18,31 @@ OUT=${OUT:-runs/parsing}
 MINUTES=${MINUTES:-30}
 PRESET=${PRESET:-parsing-cpu}
 SLOTS=${SLOTS:-xx}  # what stands for a word in the target: xx (§6.3), tags, or words
+VOCAB=${VOCAB:-separate}  # separate (source BPE, target symbols) or shared-words
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
 A=${AIAYN:-.venv/bin/aiayn}
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume
 set -x
-$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --overwrite ${TREEBANK_ARGS:-}
-# The target vocabulary: one id per tree symbol (and, with SLOTS=words, per word among the
-# TGT_WORDS most frequent; rarer ones are UNK there, their slot still a slot), apart from the
-# source's pieces: a shared BPE vocabulary would cut `(NP` into `(` + `NP`.
-SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
-TGT_VOCAB=$((SYMBOLS + 4)); [ "$TGT_VOCAB" -gt "${TGT_WORDS:-4000}" ] && TGT_VOCAB=${TGT_WORDS:-4000}
+# with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
+$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
+    --overwrite ${TREEBANK_ARGS:-}
+if [ "$VOCAB" = shared-words ]; then
+  # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
+  # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
+  # XX already); a word is then the same id and embedding in the source and the target
+  VOCAB_ARGS=(--model-type word --vocab-size "${WORD_VOCAB:-8000}")
+else
+  # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
+  # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
+  # into `(` + `NP`
+  SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+  VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
+              --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
+fi
 $A prepare --src-lang words --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
-    --test "$OUT/corpus/test" --separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB" \
-    --tgt-model-type word --tgt-vocab-size "$TGT_VOCAB" --max-len 0 --max-ratio 0 \
-    --out "$OUT/data" ${PREPARE_ARGS:-}
+    --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
 # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
 $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
     --save-minutes "$(awk "BEGIN {print $MINUTES / 30}")" --eval-every 250 --eval-bleu-sentences 0 \

@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what stands for each word in the target: xx (default: every "
                         "part-of-speech tag normalised to XX, as Vinyals et al.), tags (the real "
                         "tags), or words (the word itself; not in the paper)")
+    p.add_argument("--target-words", type=int, default=0, metavar="K",
+                   help="with --slots words: write only the K commonest training words in the "
+                        "targets, the others as XX (default 0: every word)")
     p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
 
 
@@ -43,7 +46,9 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if (out / "corpus.json").exists() and not args.overwrite:
         raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
-    info = write_corpus(args.treebank, out, args.splits, args.slots)
+    if args.target_words < 0:
+        raise UserError(f"--target-words must be >= 0, got {args.target_words}")
+    info = write_corpus(args.treebank, out, args.splits, args.slots, args.target_words)
     for name, c in info["counts"].items():
         print(f"{name}: {c['sentences']:,} sentences, {c['words']:,} words from {c['files']} files "
               f"({c['first_file']} .. {c['last_file']})")

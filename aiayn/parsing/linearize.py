@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Container, Sequence
 
 from aiayn.parsing.treebank import _tree_class, is_preterminal
 
@@ -73,18 +73,22 @@ PTB_TAGS = frozenset("CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS
                      "-LRB- -RRB-".split()) | {SLOT}
 
 
-def linearize(tree, slots: str = "xx") -> list[str]:
+def linearize(tree, slots: str = "xx", known_words: Container[str] | None = None) -> list[str]:
     """Depth-first tokens of `tree` (an nltk Tree whose leaves are words), module docstring.
     `slots` says what stands for each word: "xx" (§6.3 after Vinyals et al.), "tags" (its
     part-of-speech tag) or "words" (the word itself; not in the paper, off by default: the
-    decoder then sees the words it has placed, as a language model over trees does)."""
+    decoder then sees the words it has placed, as a language model over trees does). With
+    "words", a word not in `known_words` (when given) is written XX: every slot stays one token
+    of a closed target vocabulary, where an unknown-word id would merge neighbouring rare words."""
     if slots not in SLOT_KINDS:
         raise ValueError(f"slots must be one of {SLOT_KINDS}, got {slots!r}")
     if is_preterminal(tree):
-        return [{"xx": SLOT, "tags": tree.label(), "words": tree[0]}[slots]]
+        if slots == "words":
+            return [tree[0] if known_words is None or tree[0] in known_words else SLOT]
+        return [SLOT if slots == "xx" else tree.label()]
     out = ["(" + tree.label()]
     for child in tree:
-        out += linearize(child, slots)
+        out += linearize(child, slots, known_words)
     out.append(")" + tree.label())
     return out
 

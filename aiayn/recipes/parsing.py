@@ -17,6 +17,7 @@ line, for scoring), line-aligned.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,21 +39,32 @@ PRESETS = {
 SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also prepare's "languages"
 
 
+def known_words(trees: list, n: int) -> set[str] | None:
+    """The `n` commonest words of `trees` (ties broken by first occurrence); None for n = 0."""
+    if n <= 0:
+        return None
+    return {w for w, _ in Counter(w for t in trees for w in t.leaves()).most_common(n)}
+
+
 def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
-                 slots: str = "xx") -> dict:
+                 slots: str = "xx", target_words: int = 0) -> dict:
     """Read, clean and split a treebank, write each split's files (module docstring) and
-    `corpus.json` (counts and settings); returns what it wrote there."""
+    `corpus.json` (counts and settings); returns what it wrote there. With slots="words" and
+    `target_words` > 0, only the training set's `target_words` commonest words are written in
+    the targets, others as XX."""
     from aiayn.parsing.linearize import linearize
     from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
 
     spec = splits or DEFAULT_SPLITS
     parts = split_treebank(read_treebank(treebank), spec)
     out = Path(out_dir)
-    info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots, "counts": {}}
+    known = known_words(parts["train"].trees, target_words) if "train" in parts else None
+    info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots,
+                  "target_words": target_words, "counts": {}}
     for name, split in parts.items():
         columns = {
             SOURCE: [" ".join(t.leaves()) for t in split.trees],
-            TARGET: [" ".join(linearize(t, slots)) for t in split.trees],
+            TARGET: [" ".join(linearize(t, slots, known)) for t in split.trees],
             GOLD: [tree_line(t) for t in split.trees],
         }
         for suffix, lines in columns.items():
@@ -63,7 +75,7 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
                                 "dropped_empty": split.dropped,
                                 "first_file": split.files[0], "last_file": split.files[-1]}
     if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
-        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, slots)})
+        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, slots, known)})
     with atomic_write(out / "corpus.json") as f:
         json.dump(info, f, indent=2)
     return info
