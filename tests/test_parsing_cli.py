@@ -46,6 +46,15 @@ def test_treebank_command_writes_aligned_corpus_files(tmp_path, aiayn):
     assert (out / "test.gold").read_text().startswith("(SINV (S (VP (VB Go)))")
     info = json.loads((out / "corpus.json").read_text())
     assert info["counts"]["train"]["sentences"] == 2 and info["train_target_symbols"] == 9
+    # words in the target, only the 2 commonest training words ("." twice, then "The", first of
+    # the words seen once) written, the others XX
+    w = tmp_path / "words"
+    r = aiayn("treebank", "--treebank", str(_zip(tmp_path)), "--out", str(w), "--splits",
+              "train=1,test=2", "--slots", "words", "--target-words", "2")
+    assert r[0] == 0, r[2]
+    assert (w / "train.tree").read_text().splitlines()[1] == "(S (NP XX )NP (VP XX )VP . )S"
+    assert (w / "test.tree").read_text().startswith("(SINV (S (VP XX )VP )S XX (VP XX )VP (NP XX )NP . )SINV")
+    assert (w / "train.tree").read_text().startswith("(S (NP The XX )NP")
     again = aiayn("treebank", "--treebank", str(_zip(tmp_path)), "--out", str(out))
     assert again[0] == 2 and "--overwrite" in again[2]
     missing = aiayn("treebank", "--treebank", str(tmp_path / "nope.zip"), "--out", str(out))
