@@ -3,11 +3,13 @@
 # by file, linearize) -> prepare -> train -> average -> parse (beam 21, alpha 0.3) -> EVALB F1.
 #
 #   bash scripts/parsing.sh                       # the NLTK 10% WSJ sample, 30 minutes of training
+#   MINUTES=10 EVAL_SPLITS=valid SLOTS=words VOCAB=shared-words bash scripts/parsing.sh   # a dev run
 #   TREEBANK=/path/to/wsj MINUTES=600 PRESET=parsing \
 #     TREEBANK_ARGS="--splits train=200-2199,valid=2200-2299,test=2300-2399" bash scripts/parsing.sh
 #
-# TREEBANK is a directory or zip of PTB .mrg files. Settings: the `parsing-cpu` preset and a
-# 4,000-piece BPE source vocabulary, chosen on the dev files (docs/parsing.md). TREEBANK_ARGS,
+# TREEBANK is a directory or zip of PTB .mrg files. Settings: the `parsing-cpu` preset, a
+# 4,000-piece BPE source vocabulary, XX slots (§6.3); SLOTS=tags|words and VOCAB=shared-words are
+# the variants tried on dev (docs/parsing.md: none parses yet on this sample). TREEBANK_ARGS,
 # PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`, `train` and `parse`;
 # EVAL_SPLITS (default "valid test") says which splits to parse and score. A killed run resumes.
 set -euo pipefail
