@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Container, Sequence
 
-from aiayn.parsing.treebank import _tree_class, is_preterminal
+from aiayn.parsing.treebank import tree_class, is_preterminal
 
 SLOT = "XX"  # the one part-of-speech symbol of the normalised target
 ROOT = "S"  # label of the root added above several top-level pieces (the commonest root label)
@@ -95,7 +95,7 @@ def linearize(tree, slots: str = "xx", known_words: Container[str] | None = None
 
 def _prune(node, repairs: Counter):
     """Drop constituents over no words (counting them); None if `node` itself is empty."""
-    Tree = _tree_class()
+    Tree = tree_class()
     if is_preterminal(node):
         return node
     kids = [k for k in (_prune(c, repairs) for c in node) if k is not None]
@@ -108,7 +108,7 @@ def _prune(node, repairs: Counter):
 def delinearize(tokens: Sequence[str] | str, words: Sequence[str]) -> tuple[object, Repairs]:
     """(tree over exactly `words`, repairs): never fails. `tokens` may be a string (split on
     whitespace). With no words there is nothing to build a tree over: a ValueError."""
-    Tree = _tree_class()
+    Tree = tree_class()
     if not words:
         raise ValueError("delinearize needs at least one word")
     toks = tokens.split() if isinstance(tokens, str) else list(tokens)

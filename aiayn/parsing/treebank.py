@@ -33,8 +33,9 @@ ROOT_LABELS = frozenset({"", "TOP", "ROOT"})
 TRACE_TAG = "-NONE-"
 
 
-def _tree_class():
-    from nltk.tree import Tree  # nltk is imported only where trees are read
+def tree_class():
+    """`nltk.tree.Tree`, imported on first use (importing aiayn.parsing does not load nltk)."""
+    from nltk.tree import Tree
 
     return Tree
 
@@ -64,7 +65,7 @@ def split_bracketed(text: str, where: str = "<text>") -> list[str]:
 
 def parse_tree(text: str, where: str = "<text>"):
     """One bracketed tree (`nltk.tree.Tree`); a malformed one is a UserError naming `where`."""
-    Tree = _tree_class()
+    Tree = tree_class()
     try:
         return Tree.fromstring(text)
     except ValueError as e:
@@ -119,7 +120,7 @@ def is_preterminal(node) -> bool:
 
 def _clean(node):
     """Step 2 and 3 on a subtree; None when nothing but traces is left under it."""
-    Tree = _tree_class()
+    Tree = tree_class()
     if is_preterminal(node):
         return None if node.label() == TRACE_TAG else Tree(node.label(), [node[0]])
     kids = [c for c in (_clean(k) for k in node if not isinstance(k, str)) if c is not None]
