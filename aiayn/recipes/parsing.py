@@ -7,7 +7,7 @@ The recipe (scripts/parsing.sh runs it end to end):
         --test corpus/test --separate-vocab --model-type bpe --tgt-model-type word ...
     aiayn train --preset parsing-cpu ...; aiayn average ...
     aiayn parse --model M --input corpus/test.words --output test.trees   # beam 21, alpha 0.3
-    aiayn evalb --gold corpus/test.gold --test test.trees                  # EVALB, COLLINS.prm
+    aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold # EVALB, COLLINS.prm
 
 `write_corpus` writes, per split, `SPLIT.words` (the sentence, words separated by spaces: the
 source), `SPLIT.tree` (the linearized tree: the target) and `SPLIT.gold` (the cleaned tree on one
