@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MultiHeadAttention, attention_weights
 from aiayn.model.cache import KVCache
 from aiayn.model.dropout import dropout
 
@@ -86,15 +86,21 @@ class DecoderLayer(nn.Module):
         y = self.res_cross.out(y, a)
         return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
 
-    def step(self, y: Tensor, cache: KVCache, layer: int, self_mask: Tensor | None) -> Tensor:
+    def step(self, y: Tensor, cache: KVCache, layer: int, self_mask: Tensor | None,
+             need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache.
-        `self_mask` (1, length+1) is only needed for restricted attention."""
+        `self_mask` (1, length+1) is only needed for restricted attention. With `need_weights`
+        also returns the self-attention (B, h, 1, length+1) and cross-attention (B, h, 1, S)
+        weights, computed beside the fused kernel (Eq. 1 again from the same q and k), so the
+        outputs stay bit-identical to a step without weights."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
         k_all, v_all = cache.append(layer, k, v)  # (B, h, t+1, d_k), (B, h, t+1, d_v)
         a, _ = self.self_attn.attend(q, k_all, v_all, self_mask)
+        w_self = attention_weights(q, k_all, self_mask) if need_weights else None
         y = self.res_self.out(y, a)
         q = self.cross_attn.project_q(self.res_cross.inp(y))
         cross_mask = cache.src_mask[:, None, None, :]  # (B, 1, 1, S)
         a, _ = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask)
+        w_cross = attention_weights(q, cache.cross_k[layer], cross_mask) if need_weights else None
         y = self.res_cross.out(y, a)
-        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y)))
+        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross

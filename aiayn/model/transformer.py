@@ -157,9 +157,12 @@ class Transformer(nn.Module):
             cross_k=torch.stack(ks), cross_v=torch.stack(vs),  # (L, B, h, S, d_k), (L, B, h, S, d_v)
             src_mask=src_mask, capacity=capacity)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: KVCache, return_attention: bool = False):
         """Feed one token per row, (B, 1), at position `cache.length`; returns next-token logits
-        (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested)."""
+        (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
+        With `return_attention` also returns {"self": [(B, h, 1, t+1)], "cross": [(B, h, 1, S)]},
+        one entry per layer: this step's weights, equal to row t of a teacher-forced `decode`
+        (tested); the logits are the same as without it."""
         t = cache.length
         cache.ensure_capacity(t + 1)
         self_mask = None
@@ -167,9 +170,13 @@ class Transformer(nn.Module):
             self_mask = window_mask(1, t + 1, self.cfg.attn_window, causal=True, offset=t,
                                     device=tokens.device)  # (1, t+1)
         y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=t)  # (B, 1, d_model)
+        ws, wc = [], []
         for i, layer in enumerate(self.decoder):
-            y = layer.step(y, cache, i, self_mask)
+            y, w_self, w_cross = layer.step(y, cache, i, self_mask, need_weights=return_attention)
+            ws.append(w_self)
+            wc.append(w_cross)
         cache.length = t + 1
         if self.dec_norm is not None:
             y = self.dec_norm(y)
-        return self.logits(y[:, 0])  # (B, V_tgt)
+        logits = self.logits(y[:, 0])  # (B, V_tgt)
+        return (logits, {"self": ws, "cross": wc}) if return_attention else logits
