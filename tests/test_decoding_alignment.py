@@ -64,6 +64,7 @@ def test_soft_alignment_by_hand():
     a = SentenceAlignment.build("the black cats", "die schwarzen Katzen", SRC, TGT, ATTN, 2, None)
     assert a.format("hard") == "0-0 1-1 2-1 2-2" and a.tgt_words == ["die", "schwarzen", "Katzen"]
     assert a.to_dict()["pairs"] == [[0, 0], [1, 1], [2, 1], [2, 2]]
+    assert a.piece_links() == [(0, 0), (1, 1), (2, 3), (3, 2)]  # (target piece, source piece)
 
 
 @pytest.fixture(scope="module")

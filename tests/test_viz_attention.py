@@ -14,7 +14,8 @@ from aiayn.cli import main as cli
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
 from aiayn.model.io import load_model
-from aiayn.viz.figures import heatmap_figure, lines_figure, save_figure
+from aiayn.viz.figures import (alignment_figure, figure_bytes, heatmap_figure, lines_figure,
+                               save_figure)
 from aiayn.viz.maps import collect_attention
 from aiayn.viz.page import attention_page
 from conftest import reverser_model_dir
@@ -81,6 +82,16 @@ def test_save_figure_formats(tmp_path):
     assert b"<svg" in save_figure(fig, tmp_path / "a.svg").read_bytes()
     with pytest.raises(UserError, match="jpg"):
         save_figure(fig, tmp_path / "a.jpg")
+
+
+def test_alignment_heatmap_for_the_api(translator):
+    a = translator.align(["the children play in the garden"])[0]
+    fig = alignment_figure(a)
+    ax = fig.axes[0]
+    np.testing.assert_allclose(ax.images[0].get_array(), a.attention)
+    assert [t.get_text() for t in ax.get_yticklabels()] == a.tgt_pieces
+    assert len(ax.patches) == len(a.piece_links()) == len(a.tgt_pieces) - (a.tgt_pieces[-1] == "</s>")
+    assert figure_bytes(fig).startswith(PNG_MAGIC) and b"<svg" in figure_bytes(fig, "svg")
 
 
 def test_page_embeds_the_weights(translator):

@@ -1,6 +1,6 @@
 """`aiayn plot`: the paper's pictures and a run's curves, as PNG, SVG or PDF (by --out's suffix).
 
-    aiayn plot positions --out pe.png [--d-model 512 --positions 100 --dims 4,5,6,7]
+    aiayn plot positions --out pe.png [--d-model 512 --positions 100 --dims 20,100,200,300]
     aiayn plot schedule --out lr.png [--d-model 512,256 --warmup 4000,8000 --steps 40000]
     aiayn plot curves --run runs/base/run --out curves.png
     aiayn plot study --results table3.csv --out table3.png
@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q = sub.add_parser("positions", help="sinusoidal positional encodings (§3.5)")
     q.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
     q.add_argument("--positions", type=int, default=100, help="positions shown (default 100)")
-    q.add_argument("--dims", default="4,5,6,7", help="dimensions drawn as curves (default 4,5,6,7)")
+    q.add_argument("--dims", default="20,100,200,300",
+                   help="dimensions drawn as curves (default 20,100,200,300: wavelengths from 9 "
+                        "to about 1400 positions at d_model 512)")
     common(q)
     q = sub.add_parser("schedule", help="the learning-rate schedule (§5.3, Eq. 3)")
     q.add_argument("--d-model", default="512,256", help="comma-separated (default 512,256)")
@@ -77,7 +79,8 @@ def build_figure(args: argparse.Namespace):
         return plots.schedule_figure(pairs, args.steps)
     if args.what == "curves":
         run = Path(args.run)
-        title = args.title or f"Training curves: {(run.parent if run.is_file() else run).name}"
+        run_dir = (run.parent if run.is_file() else run).resolve()
+        title = args.title or f"Training curves: {run_dir.parent.name}/{run_dir.name}"
         return plots.curves_figure(read_metrics(run), title)
     return plots.study_figure(read_study(args.results), args.title)
 

@@ -58,20 +58,21 @@ def words_of(pieces: Sequence[str], unit: Unit = "word") -> list[str]:
     return [w.replace(WORD_START, "") or WORD_START for w in words]
 
 
-def hard_alignment(attn: np.ndarray, src_words: Sequence[int], tgt_words: Sequence[int]
-                   ) -> list[tuple[int, int]]:
-    """attn (T, S) over pieces; src_words (S,), tgt_words (T,) from `word_index`.
-    Returns sorted, distinct (source word, target word) pairs: each target piece's most attended
-    source piece, EOS rows and columns left out (ties go to the earlier source piece)."""
+def most_attended(attn: np.ndarray, src_words: Sequence[int], tgt_words: Sequence[int]
+                  ) -> list[tuple[int, int]]:
+    """(target piece, source piece) index pairs: for each target piece that is in a word, the
+    source piece in a word it attends to most (ties go to the earlier piece). attn (T, S);
+    src_words (S,), tgt_words (T,) from `word_index` (-1: EOS, left out)."""
     cols = [j for j, w in enumerate(src_words) if w >= 0]
     if not cols:
         return []
-    pairs = set()
-    for i, tw in enumerate(tgt_words):
-        if tw < 0:
-            continue
-        best = cols[int(np.argmax(attn[i, cols]))]
-        pairs.add((src_words[best], tw))
+    return [(i, cols[int(np.argmax(attn[i, cols]))]) for i, w in enumerate(tgt_words) if w >= 0]
+
+
+def hard_alignment(attn: np.ndarray, src_words: Sequence[int], tgt_words: Sequence[int]
+                   ) -> list[tuple[int, int]]:
+    """Sorted, distinct (source word, target word) pairs of the `most_attended` pieces."""
+    pairs = {(src_words[j], tgt_words[i]) for i, j in most_attended(attn, src_words, tgt_words)}
     return sorted(pairs, key=lambda p: (p[1], p[0]))
 
 
@@ -142,6 +143,11 @@ class SentenceAlignment:
         return cls(source, translation, src_pieces, tgt_pieces, attention, layer, head, unit,
                    words_of(src_pieces, unit), words_of(tgt_pieces, unit),
                    hard_alignment(attention, si, ti), soft_alignment(attention, si, ti))
+
+    def piece_links(self) -> list[tuple[int, int]]:
+        """(row, column) cells of `attention` behind the hard alignment (`most_attended`)."""
+        return most_attended(self.attention, word_index(self.src_pieces, "piece"),
+                             word_index(self.tgt_pieces, "piece"))
 
     def format(self, mode: Literal["hard", "soft"]) -> str:
         return format_hard(self.pairs) if mode == "hard" else format_soft(self.soft)

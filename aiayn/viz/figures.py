@@ -10,19 +10,23 @@ sentence included.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
 from aiayn.errors import UserError
 from aiayn.io import atomic_write
+
+if TYPE_CHECKING:
+    from aiayn.decoding.alignment import SentenceAlignment
 
 LABEL_PT = 8  # tick-label font size
 INCH_PER_PIECE = 0.15  # 8-point labels need about 0.13 inch each
@@ -110,6 +114,28 @@ def lines_figure(weights: np.ndarray, left: Sequence[str], right: Sequence[str],
                   loc="upper center", bbox_to_anchor=(0.5, -0.04), ncol=min(h, 8), fontsize=8,
                   frameon=False)
     return fig
+
+
+def alignment_figure(a: "SentenceAlignment") -> Figure:
+    """The encoder-decoder attention behind one `Translator.align` result as a heatmap (output
+    pieces by source pieces), hard-alignment links outlined at the piece level."""
+    head = "mean of heads" if a.head is None else f"head {a.head + 1}"
+    fig = heatmap_figure(a.attention[None], a.tgt_pieces, a.src_pieces,
+                         f"encoder-decoder attention, layer {a.layer + 1}, {head}", [a.translation],
+                         "output piece (query)", "source piece (key)")
+    ax = fig.axes[0]
+    for i, j in a.piece_links():
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.2))
+    return fig
+
+
+def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 110) -> bytes:
+    """The figure encoded in memory (png, svg or pdf), e.g. for an HTTP response."""
+    if fmt not in FORMATS:
+        raise UserError(f"cannot encode a figure as {fmt!r}; use one of {', '.join(FORMATS)}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    return buf.getvalue()
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 110) -> Path:

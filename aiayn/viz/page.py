@@ -58,11 +58,12 @@ function selected() {
 }
 function textWidth(list) { return 8 + 7 * Math.max(1, ...list.map(s => s.length)); }
 function heatmap(m, name, rows, cols, rowAxis, colAxis) {
-  const c = 16, left = textWidth(rows) + 18, top = textWidth(cols) + 34;
-  const svg = el('svg', {width: left + c * cols.length + 10, height: top + c * rows.length + 10});
-  el('text', {x: left, y: 14, class: 'title'}, svg, name);
-  el('text', {x: left, y: 28}, svg, 'keys: ' + colAxis);
-  el('text', {x: 12, y: top + c * rows.length, transform: `rotate(-90 12 ${top + c * rows.length})`}, svg, 'queries: ' + rowAxis);
+  const c = 16, left = textWidth(rows) + 6, top = textWidth(cols) + 40;
+  const note = `rows: ${rowAxis}; columns: ${colAxis}`;
+  const svg = el('svg', {width: Math.max(left + c * cols.length + 10, 7 * note.length + 10),
+                         height: top + c * rows.length + 10});
+  el('text', {x: 4, y: 14, class: 'title'}, svg, name);
+  el('text', {x: 4, y: 30}, svg, note);
   const vmax = Math.max(1e-9, ...m.map(r => Math.max(...r)));
   rows.forEach((r, i) => {
     el('text', {x: left - 4, y: top + c * i + 12, 'text-anchor': 'end'}, svg, r);
@@ -80,9 +81,11 @@ function heatmap(m, name, rows, cols, rowAxis, colAxis) {
   return svg;
 }
 function lines(mats, rows, cols, rowAxis, colAxis) {
-  const n = Math.max(rows.length, cols.length), step = 20, gap = 220;
-  const lw = textWidth(rows), x0 = lw + 10, x1 = x0 + gap;
-  const svg = el('svg', {width: x1 + textWidth(cols) + 20, height: 60 + step * n});
+  const n = Math.max(rows.length, cols.length), step = 20, gap = 220, per = 4;
+  const x0 = Math.max(textWidth(rows), 7 * rowAxis.length) + 10, x1 = x0 + gap;
+  const legendTop = 44 + step * (n - 1) + 16, legendRows = Math.ceil(mats.length / per);
+  const svg = el('svg', {width: Math.max(x1 + Math.max(textWidth(cols), 7 * colAxis.length) + 20, 110 * per + 20),
+                         height: legendTop + 20 * legendRows + 10});
   el('text', {x: x0, y: 16, 'text-anchor': 'end', class: 'title'}, svg, rowAxis);
   el('text', {x: x1, y: 16, class: 'title'}, svg, colAxis);
   const yq = i => 40 + i * step * (n - 1) / Math.max(rows.length - 1, 1);
@@ -100,10 +103,10 @@ function lines(mats, rows, cols, rowAxis, colAxis) {
     t.addEventListener('mouseleave', () => drawn.forEach(([l, q, v]) => l.setAttribute('stroke-opacity', v)));
   });
   cols.forEach((s, j) => el('text', {x: x1, y: yk(j) + 4}, svg, s));
-  const legend = el('g', {}, svg);
   mats.forEach(([m, h, name], k) => {
-    el('rect', {x: 10 + 110 * k, y: 44 + step * n - 14, width: 10, height: 10, fill: colour(Math.max(h, 0))}, legend);
-    el('text', {x: 24 + 110 * k, y: 44 + step * n - 5}, legend, name);
+    const x = 10 + 110 * (k % per), y = legendTop + 20 * Math.floor(k / per);
+    el('rect', {x: x, y: y, width: 10, height: 10, fill: colour(Math.max(h, 0))}, svg);
+    el('text', {x: x + 14, y: y + 9}, svg, name);
   });
   return svg;
 }
@@ -117,10 +120,22 @@ function render() {
   if ($('view').value === 'lines') out.appendChild(lines(mats, rows, cols, rowAxis, colAxis));
   else mats.forEach(([m, h, name]) => out.appendChild(heatmap(m, name, rows, cols, rowAxis, colAxis)));
 }
-for (let l = 0; l < D.layers; l++) el('option', {value: l}, $('layer'), 'layer ' + (l + 1));
+function option(select, value, text) {
+  const o = document.createElement('option');
+  o.value = value;
+  o.textContent = text;
+  select.appendChild(o);
+}
+for (let l = 0; l < D.layers; l++) option($('layer'), l, 'layer ' + (l + 1));
 $('layer').value = D.layers - 1;
-for (let h = 0; h < D.heads; h++) el('option', {value: h}, $('head'), 'head ' + (h + 1));
-['kind', 'layer', 'head', 'view'].forEach(id => $(id).addEventListener('change', render));
+for (let h = 0; h < D.heads; h++) option($('head'), h, 'head ' + (h + 1));
+// A link can choose the view: attention.html#kind=cross&layer=0&head=mean&view=lines
+for (const [k, v] of new URLSearchParams(location.hash.slice(1))) if ($(k)) $(k).value = v;
+const CONTROLS = ['kind', 'layer', 'head', 'view'];
+CONTROLS.forEach(id => $(id).addEventListener('change', () => {
+  history.replaceState(null, '', '#' + CONTROLS.map(c => c + '=' + $(c).value).join('&'));
+  render();
+}));
 render();
 """
 
@@ -140,7 +155,8 @@ def attention_page(maps: AttentionMaps, title: str = "Attention") -> str:
 <p class="pair"><b>source:</b> {html.escape(maps.source)}</p>
 <p class="pair"><b>target:</b> {html.escape(maps.target)}</p>
 <p class="note">{maps.n_layers} layers, {maps.n_heads} heads; {origin}. Rows are queries, columns
-keys; each row sums to 1. In the line view, hover a token on the left to see only its lines.</p>
+keys; each row sums to 1; a heatmap's darkest cell is its largest weight. In the line view,
+hover a token on the left to see only its lines.</p>
 <div class="controls">
 <span><label for="kind">attention</label> <select id="kind">{options}</select></span>
 <span><label for="layer">layer</label> <select id="layer"></select></span>

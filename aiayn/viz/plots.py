@@ -14,7 +14,7 @@ from aiayn.viz.records import RunCurves, StudyRow
 
 
 def positions_figure(d_model: int = 512, n_positions: int = 100,
-                     dims: Sequence[int] = (4, 5, 6, 7)) -> Figure:
+                     dims: Sequence[int] = (20, 100, 200, 300)) -> Figure:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...). Left, the
     table (positions by dimensions); right, a few dimensions as curves over positions."""
     from aiayn.model.embedding import sinusoidal_table
