@@ -95,7 +95,8 @@ def test_translator_align_returns_the_attention_behind_the_translation(translato
         # The reference: a teacher-forced pass, last layer, mean of the heads.
         s, m = source_batch([src])
         with torch.no_grad():
-            _, w = model(s, torch.tensor([[BOS_ID] + tokens[: steps - 1]]), m, return_attention=True)
+            tgt_in = torch.tensor([[BOS_ID] + tokens[: steps - 1]])
+            _, w = model(s, tgt_in, m, return_attention=True)
         np.testing.assert_allclose(a.attention, w["cross"][-1][0].mean(0).numpy(), atol=1e-5)
         assert all(0 <= i < len(a.src_words) and 0 <= j < len(a.tgt_words) for i, j in a.pairs)
         assert {j for _, j in a.pairs} == set(range(len(a.tgt_words)))  # every target word links

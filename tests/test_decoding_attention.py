@@ -60,7 +60,8 @@ def test_decode_step_weights_equal_teacher_forced(model, sources):
             for layer in range(2):
                 self_w, cross_w = w["self"][layer], w["cross"][layer]
                 assert self_w.shape == (b, 4, 1, t + 1) and cross_w.shape == (b, 4, 1, src.size(1))
-                assert torch.allclose(self_w[:, :, 0], ref["self"][layer][:, :, t, : t + 1], atol=1e-6)
+                want = ref["self"][layer][:, :, t, : t + 1]
+                assert torch.allclose(self_w[:, :, 0], want, atol=1e-6)
                 assert torch.allclose(cross_w[:, :, 0], ref["cross"][layer][:, :, t], atol=1e-6)
                 assert torch.allclose(cross_w.sum(-1), torch.ones(()), atol=1e-5)
                 assert (cross_w.transpose(1, 3)[~mask] == 0).all()  # padded keys get nothing
@@ -74,7 +75,7 @@ def _check_hypothesis_attention(model, src, h, request):
     assert h.attention is not None and h.attention.shape[2:] == (steps, len(src) + 1)
     ref = teacher_forced(model, src, h.tokens, steps)["cross"]  # per layer (1, h, steps, S)
     full = torch.stack([w[0] for w in ref])  # (L, h, steps, S)
-    layers = range(2) if request.layers is None else [check_index(i, 2, "layer") for i in request.layers]
+    layers = range(2) if request.layers is None else [check_index(i, 2, "l") for i in request.layers]
     want = full[list(layers)]
     if request.heads is not None:
         want = want[:, list(request.heads)]

@@ -90,7 +90,8 @@ def test_alignment_heatmap_for_the_api(translator):
     ax = fig.axes[0]
     np.testing.assert_allclose(ax.images[0].get_array(), a.attention)
     assert [t.get_text() for t in ax.get_yticklabels()] == a.tgt_pieces
-    assert len(ax.patches) == len(a.piece_links()) == len(a.tgt_pieces) - (a.tgt_pieces[-1] == "</s>")
+    pieces = len(a.tgt_pieces) - (a.tgt_pieces[-1] == "</s>")
+    assert len(ax.patches) == len(a.piece_links()) == pieces  # one outlined cell per piece
     assert figure_bytes(fig).startswith(PNG_MAGIC) and b"<svg" in figure_bytes(fig, "svg")
 
 

@@ -57,7 +57,8 @@ def test_read_study_formats(tmp_path):
                      '{"name": "A1", "params": 6.5e7, "ppl": 5.29}\n')
     for path in (csv, tsv, jsonl):
         rows = read_study(path)
-        assert [(r.name, r.params, r.ppl) for r in rows] == [("base", 65e6, 4.92), ("A1", 65e6, 5.29)]
+        got = [(r.name, r.params, r.ppl) for r in rows]
+        assert got == [("base", 65e6, 4.92), ("A1", 65e6, 5.29)]
         assert rows[0].bleu == 25.8 and np.isnan(rows[1].bleu)
     bad = tmp_path / "bad.csv"
     bad.write_text("variant,ppl\nbase,4.9\n")

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a target to read teacher-forced instead of the model's own translation")
     p.add_argument("--out", required=True, metavar="DIR", help="where to write the pictures")
     p.add_argument("--layer", type=int, default=-1,
-                   help="layer to draw, 1-based; negative counts from the top (default -1: the last)")
+                   help="layer to draw, 1-based; negative counts from the top (default -1: the "
+                        "last)")
     p.add_argument("--head", type=int, help="one head, 1-based (default: every head of the layer)")
     p.add_argument("--formats", default="png,svg",
                    help="comma-separated image formats: png, svg, pdf (default png,svg)")
@@ -77,7 +78,8 @@ def main(args: argparse.Namespace) -> int:
     formats = [f.strip().lower() for f in args.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
-        raise UserError(f"--formats: {', '.join(bad) or 'none given'}; choose from {', '.join(FORMATS)}")
+        raise UserError(f"--formats: {', '.join(bad) or 'none given'}; "
+                        f"choose from {', '.join(FORMATS)}")
     cfg = read_config(args.model)
     layer = one_based(args.layer, cfg.n_layers, "--layer", "layer")
     head = None if args.head is None else one_based(args.head, cfg.n_heads, "--head", "head")
@@ -91,8 +93,9 @@ def main(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model, _device(args.device))
     try:
-        translator = Translator(loaded, greedy=args.greedy, beam_size=args.beam,
-                                warn=lambda m: print(f"aiayn attention: warning: {m}", file=sys.stderr))
+        translator = Translator(
+            loaded, greedy=args.greedy, beam_size=args.beam,
+            warn=lambda m: print(f"aiayn attention: warning: {m}", file=sys.stderr))
     except ValueError as e:
         raise UserError(str(e)) from None
     maps = collect_attention(translator, args.src, args.tgt)
@@ -106,9 +109,10 @@ def main(args: argparse.Namespace) -> int:
         w = weights[layer][heads]  # (H, Q, K)
         row_axis, col_axis = KIND_AXES[kind]
         title = f"{KIND_TITLES[kind]}, {where}" + (f", head {head + 1}" if head is not None else "")
-        for fig, key in [(heatmap_figure(w, rows, cols, title, head_names, row_axis, col_axis), kind),
-                         (lines_figure(w, rows, cols, title, head_names, row_axis, col_axis),
-                          f"{kind}-lines")]:
+        drawn = [(heatmap_figure(w, rows, cols, title, head_names, row_axis, col_axis), kind),
+                 (lines_figure(w, rows, cols, title, head_names, row_axis, col_axis),
+                  f"{kind}-lines")]
+        for fig, key in drawn:
             for path in save_all(fig, [out / name for name in names[key]]):
                 print(path)
     if not args.no_html:

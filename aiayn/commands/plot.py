@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--out", required=True, metavar="FILE", help="image file: .png, .svg or .pdf")
+        q.add_argument("--out", required=True, metavar="FILE",
+                       help="image file: .png, .svg or .pdf")
         q.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     q = sub.add_parser("positions", help="sinusoidal positional encodings (§3.5)")
@@ -48,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--steps", type=int, default=40000, help="updates shown (default 40000)")
     common(q)
     q = sub.add_parser("curves", help="a run's training curves from its metrics.jsonl")
-    q.add_argument("--run", required=True, metavar="DIR", help="run directory (or its metrics.jsonl)")
+    q.add_argument("--run", required=True, metavar="DIR",
+                   help="run directory (or its metrics.jsonl)")
     q.add_argument("--title", help="figure title (default: the run directory's name)")
     common(q)
     q = sub.add_parser("study", help="the Table 3 study's results")
@@ -73,7 +75,8 @@ def build_figure(args: argparse.Namespace):
             raise UserError(f"--dims must lie in 0..{args.d_model - 1}")
         return plots.positions_figure(args.d_model, args.positions, dims)
     if args.what == "schedule":
-        pairs = [(d, w) for d in _ints(args.d_model, "d-model") for w in _ints(args.warmup, "warmup")]
+        warmups = _ints(args.warmup, "warmup")
+        pairs = [(d, w) for d in _ints(args.d_model, "d-model") for w in warmups]
         if args.steps < 2 or any(d < 1 or w < 1 for d, w in pairs):
             raise UserError("--steps must be >= 2, --d-model and --warmup >= 1")
         return plots.schedule_figure(pairs, args.steps)

@@ -166,10 +166,7 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     cache.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))  # (B*k) rows
     w_shape = None  # (L', h', S) of the kept attention
     if attention is not None:
-        n_layers = cfg.n_layers if attention.layers is None else len(attention.layers)
-        n_heads = 1 if attention.mean_heads else (
-            cfg.n_heads if attention.heads is None else len(attention.heads))
-        w_shape = (n_layers, n_heads, src.size(1))
+        w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))
     a_size = 0 if w_shape is None else w_shape[0] * w_shape[1] * w_shape[2]
     final = _Pool.empty(n_sent, k, width, device, a_size)
 
@@ -232,7 +229,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                       score=(top_raw[:, :k] / lp_t).masked_fill(~ended, NEG_INF),
                       complete=ended,
                       attn=None if hist_w is None else _pad_steps(torch.cat(
-                          [_gather_beams(parent_w, parent), _gather_beams(step_w, parent)], 2), width)),
+                          [_gather_beams(parent_w, parent), _gather_beams(step_w, parent)], 2),
+                          width)),
                 _Pool(tok=_pad_to(hist_tok, width, PAD_ID),
                       tlp=_pad_to(hist_lp, width, 0.0),
                       length=torch.full_like(beam, t),

@@ -69,11 +69,18 @@ class AttentionRequest:
     heads: tuple[int, ...] | None = None
     mean_heads: bool = False
 
+    def kept(self, n_layers: int, n_heads: int) -> tuple[int, int]:
+        """(L', h'): how many layers and heads `select` keeps of a model with these."""
+        layers = n_layers if self.layers is None else len(self.layers)
+        heads = 1 if self.mean_heads else n_heads if self.heads is None else len(self.heads)
+        return layers, heads
+
     def select(self, cross: Sequence[Tensor]) -> Tensor:
         """One step's weights, per layer (B, h, 1, S) -> (B, L', h', S) float32."""
         n_layers, n_heads = len(cross), cross[0].size(1)
         layers = range(n_layers) if self.layers is None else self.layers
-        w = torch.stack([cross[check_index(i, n_layers, "layer")] for i in layers], 1)  # (B, L', h, 1, S)
+        w = torch.stack([cross[check_index(i, n_layers, "layer")] for i in layers], 1)
+        # (B, L', h, 1, S)
         w = w[:, :, :, 0].float()  # (B, L', h, S)
         if self.heads is not None:
             w = w[:, :, [check_index(j, n_heads, "head") for j in self.heads]]

@@ -107,5 +107,6 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     for i, (length, complete) in enumerate(zip(out_len.tolist(), out_complete.tolist())):
         steps = length + int(complete)
         w = None if out_w is None else unflatten_attention(out_w[i], steps, w_shape, src_lens[i])
-        hyps.append(Hypothesis(toks[i][:length], raws[i], raws[i], bool(complete), lps[i][:steps], w))
+        hyps.append(Hypothesis(toks[i][:length], raws[i], raws[i], bool(complete), lps[i][:steps],
+                               w))
     return hyps

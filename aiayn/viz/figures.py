@@ -88,11 +88,13 @@ def lines_figure(weights: np.ndarray, left: Sequence[str], right: Sequence[str],
     y_left = -np.arange(q) * (n - 1) / max(q - 1, 1)
     y_right = -np.arange(k) * (n - 1) / max(k - 1, 1)
     colours = head_colours(h)
+    spread = 0.5 / max(h, 1)  # heads fan out a little, so that equal lines do not hide
     for head in range(h):
         i, j = np.nonzero(weights[head] >= threshold)
         w = weights[head][i, j]
-        segments = np.stack([np.stack([np.zeros_like(w), y_left[i]], 1),
-                             np.stack([np.ones_like(w), y_right[j]], 1)], 1)  # (n, 2, 2)
+        dy = (head - (h - 1) / 2) * spread
+        segments = np.stack([np.stack([np.zeros_like(w), y_left[i] + dy], 1),
+                             np.stack([np.ones_like(w), y_right[j] + dy], 1)], 1)  # (n, 2, 2)
         rgba = np.array([to_rgba(colours[head], alpha=float(a)) for a in np.clip(w, 0, 1)])
         ax.add_collection(LineCollection(segments, colors=rgba.reshape(-1, 4),
                                          linewidths=0.5 + 2.5 * w))

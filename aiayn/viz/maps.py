@@ -40,7 +40,7 @@ class AttentionMaps:
     the target pieces (decoder self-attention queries and keys). out_pieces (T): what each
     decoder position predicts, the target pieces then "</s>" when the output ended (the rows of
     the encoder-decoder attention, as alignments read them).
-    encoder (L, h, S, S), decoder (L, h, T, T) (zero above the diagonal: causal), cross (L, h, T, S).
+    encoder (L, h, S, S); decoder (L, h, T, T), zero above the diagonal (causal); cross (L, h, T, S).
     from_search: the cross-attention is the one the search used (no target was given).
     """
 

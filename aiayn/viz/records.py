@@ -77,9 +77,9 @@ def read_metrics(path: str | os.PathLike) -> RunCurves:
         if not isinstance(r, dict):
             raise UserError(f"{p}:{n}: not a metrics record")
         if r.get("kind") == "train":
-            train.append((_number(r.get("step")), _number(r.get("loss")), _number(r.get("elapsed"))))
+            train.append([_number(r.get(k)) for k in ("step", "loss", "elapsed")])
         elif r.get("kind") == "dev":
-            dev.append((_number(r.get("step")), _number(r.get("dev_ppl")), _number(r.get("dev_bleu"))))
+            dev.append([_number(r.get(k)) for k in ("step", "dev_ppl", "dev_bleu")])
     if not train and not dev:
         raise UserError(f"{p}: no train or dev records")
     t = np.array(train, dtype=np.float64).reshape(-1, 3)
