@@ -117,6 +117,6 @@ def main(args: argparse.Namespace) -> int:
                 print(path)
     if not args.no_html:
         with atomic_write(out / "attention.html") as f:
-            f.write(attention_page(maps, f"Attention: {Path(args.model).name}"))
+            f.write(attention_page(maps, f"Attention: {args.model}"))
         print(out / "attention.html")
     return 0

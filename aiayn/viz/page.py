@@ -91,9 +91,12 @@ function lines(mats, rows, cols, rowAxis, colAxis) {
   const yq = i => 40 + i * step * (n - 1) / Math.max(rows.length - 1, 1);
   const yk = j => 40 + j * step * (n - 1) / Math.max(cols.length - 1, 1);
   const drawn = [];
-  mats.forEach(([m, h]) => m.forEach((row, i) => row.forEach((v, j) => {
+  // heads fan out a little, so that equal lines do not hide each other
+  const fan = k => (k - (mats.length - 1) / 2) * Math.min(3, 8 / mats.length);
+  mats.forEach(([m, h], k) => m.forEach((row, i) => row.forEach((v, j) => {
     if (v < 0.02) return;
-    const line = el('line', {x1: x0 + 4, y1: yq(i), x2: x1 - 4, y2: yk(j), stroke: colour(Math.max(h, 0)),
+    const line = el('line', {x1: x0 + 4, y1: yq(i) + fan(k), x2: x1 - 4, y2: yk(j) + fan(k),
+                             stroke: colour(Math.max(h, 0)),
                              'stroke-width': 0.5 + 2.5 * v, 'stroke-opacity': v}, svg);
     drawn.push([line, i, v]);
   })));

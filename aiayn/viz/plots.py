@@ -74,9 +74,10 @@ def _time_axis(seconds: np.ndarray) -> tuple[np.ndarray, str]:
 
 def curves_figure(c: RunCurves, title: str = "Training curves") -> Figure:
     """Training loss, dev perplexity and dev BLEU (columns) against updates (top row) and
-    against wall time (bottom row)."""
+    against wall time (bottom row); each row shares its x axis, so dev points sit where they
+    fell in the run."""
     fig = Figure(figsize=(13, 7), layout="constrained")
-    axes = fig.subplots(2, 3)
+    axes = fig.subplots(2, 3, sharex="row")
     train_t, t_label = _time_axis(c.train_seconds)
     dev_t, _ = _time_axis(c.dev_seconds)
     panels = [("training loss (label-smoothed)", c.train_loss, c.train_step, train_t, "-"),
