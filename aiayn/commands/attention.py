@@ -67,7 +67,7 @@ def output_names(layer: int, head: int | None, formats: list[str]) -> dict[str, 
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from aiayn.commands.translate import _device
+    from aiayn.commands.translate import torch_device
     from aiayn.decoding.translate import Translator
     from aiayn.io import atomic_write, check_writable
     from aiayn.model.io import load_model, read_config
@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
     for path in todo:  # refuse before any slow work
         check_writable(path, args.overwrite)
 
-    loaded = load_model(args.model, _device(args.device))
+    loaded = load_model(args.model, torch_device(args.device))
     try:
         translator = Translator(
             loaded, greedy=args.greedy, beam_size=args.beam,
