@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q = sub.add_parser("positions", help="sinusoidal positional encodings (§3.5)")
     q.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
     q.add_argument("--positions", type=int, default=100, help="positions shown (default 100)")
-    q.add_argument("--dims", default="20,100,200,300",
-                   help="dimensions drawn as curves (default 20,100,200,300: wavelengths from 9 "
-                        "to about 1400 positions at d_model 512)")
+    q.add_argument("--dims",
+                   help="dimensions drawn as curves (default: 20,100,200,300 scaled to --d-model, "
+                        "wavelengths from 9 to about 1400 positions at d_model 512)")
     common(q)
     q = sub.add_parser("schedule", help="the learning-rate schedule (§5.3, Eq. 3)")
     q.add_argument("--d-model", default="512,256", help="comma-separated (default 512,256)")
@@ -68,7 +68,11 @@ def build_figure(args: argparse.Namespace):
     from aiayn.viz.records import read_metrics, read_study
 
     if args.what == "positions":
-        dims = _ints(args.dims, "dims")
+        if args.dims is None:  # the same fractions of the width as 20,100,200,300 of 512
+            dims = sorted({min(args.d_model - 1, round(d * args.d_model / 512))
+                           for d in (20, 100, 200, 300)})
+        else:
+            dims = _ints(args.dims, "dims")
         if args.d_model < 2 or args.positions < 1:
             raise UserError("--d-model must be >= 2 and --positions >= 1")
         if any(not 0 <= d < args.d_model for d in dims):
