@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train a model on a prepared dataset"),
     "average": ("average", "average the parameters of the last N checkpoints"),
     "translate": ("translate", "translate text with a trained model"),
+    "serve": ("serve", "translate over HTTP: an API with dynamic batching and a web page"),
     "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
