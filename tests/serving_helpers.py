@@ -3,6 +3,8 @@ hand-built attention (for the page's heatmap), and uvicorn on a free loopback po
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -43,6 +45,33 @@ class AttentionEngine(Engine):
     def alignment(self, att):
         return " ".join(f"{max(range(len(row)), key=row.__getitem__)}-{t}"
                         for t, row in enumerate(att.weights[:-1]))
+
+
+def chrome(profile, width: int, height: int, skip: Callable[[str], None] | None = None,
+           fail: Callable[[str], None] | None = None):
+    """Debian's headless Chromium (`chromium`) driven through Debian's `chromedriver` by selenium,
+    with a fresh profile and no background networking. Missing browser or driver: `fail` under
+    CI (which installs both), else `skip`, else RuntimeError."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        message = "needs Debian's chromium and chromium-driver packages (.ci/run installs them)"
+        if os.environ.get("CI") and fail is not None:
+            fail(message)
+        if skip is not None:
+            skip(message)
+        raise RuntimeError(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_OFFLINE"] = "true"  # selenium must never fetch a driver or a browser
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+                f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=options)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

@@ -5,9 +5,6 @@ screenshot must show them, at a desktop's width and at a phone's."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 
@@ -15,30 +12,9 @@ from aiayn.decoding.translate import Translator
 from aiayn.model.io import load_model
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
-from serving_helpers import AttentionEngine, serve_in_thread
+from serving_helpers import AttentionEngine, chrome, serve_in_thread
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 SENTENCE = "the cat sat on the mat"
-
-
-def chrome(profile, width: int, height: int):
-    if not (CHROMIUM and DRIVER):
-        message = "needs Debian's chromium and chromium-driver packages (.ci/run installs them)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # selenium must never fetch a driver or a browser
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-                f"--window-size={width},{height}"):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(DRIVER), options=options)
 
 
 def image(path) -> np.ndarray:
@@ -48,6 +24,7 @@ def image(path) -> np.ndarray:
 
 
 def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
+    pytest.importorskip("selenium")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -56,7 +33,7 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
     expected = Translator(loaded).translate([SENTENCE])[0]
     app = create_app(AttentionEngine(loaded), ServeSettings())
     with serve_in_thread(app) as url:
-        driver = chrome(tmp_path / "profile", 1100, 1000)
+        driver = chrome(tmp_path / "profile", 1100, 1000, skip=pytest.skip, fail=pytest.fail)
         try:
             wait = WebDriverWait(driver, 60)
             driver.get(url + "/")
