@@ -124,15 +124,31 @@ def test_aiayn_serve_process_answers_like_aiayn_translate(model_dir, tmp_path):
     assert "Traceback" not in rest and "error" not in rest.lower(), rest
 
 
-def test_aiayn_serve_refuses_bad_settings_in_one_line(model_dir, tmp_path):
-    run = lambda *args: subprocess.run([sys.executable, "-m", "aiayn", "serve", *args], cwd=REPO,
-                                       env=_env(), capture_output=True, timeout=120)
+def test_aiayn_serve_refuses_bad_settings_in_one_line(model_dir, tmp_path, capsys):
+    from aiayn.cli import main
+
     for args, words in [
-        (["--model", str(tmp_path / "missing"), "--port", "0"], b"aiayn serve: error:"),
-        (["--model", str(model_dir), "--max-sentences", "10", "--max-queue", "5"], b"max_queue"),
-        (["--model", str(model_dir), "--api-key-file", str(tmp_path / "nokey")], b"--api-key-file"),
-        (["--model", str(model_dir), "--port", "70000"], b"--port must be between"),
+        (["--model", str(tmp_path / "missing"), "--port", "0"], "aiayn serve: error:"),
+        (["--model", str(model_dir), "--max-sentences", "10", "--max-queue", "5"], "max_queue"),
+        (["--model", str(model_dir), "--api-key-file", str(tmp_path / "nokey")], "--api-key-file"),
+        (["--model", str(model_dir), "--port", "70000"], "--port must be between"),
     ]:
-        r = run(*args)
-        assert r.returncode == 2 and words in r.stderr, r.stderr
-        assert r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr
+        assert main(["serve", *args]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_the_api_key_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    from aiayn.commands.serve import API_KEY_ENV, read_api_key
+    from aiayn.errors import UserError
+
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert read_api_key(None) is None
+    monkeypatch.setenv(API_KEY_ENV, " from-env \n")
+    assert read_api_key(None) == "from-env"
+    f = tmp_path / "key"
+    f.write_text("from-file\nsecond line\n")
+    assert read_api_key(str(f)) == "from-file"  # the file wins over the environment
+    f.write_text("\n")
+    with pytest.raises(UserError, match="first line is empty"):
+        read_api_key(str(f))
