@@ -40,8 +40,8 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             wait.until(lambda d: "→" in d.find_element(By.ID, "model-info").text)
             box = driver.find_element(By.ID, "src")
             box.send_keys(SENTENCE)  # one key at a time, as typed
-            wait.until(lambda d: " ms" in d.find_element(By.ID, "status").text)
-            assert driver.find_element(By.ID, "out").text == expected
+            wait.until(lambda d: " ms" in d.find_element(By.ID, "status").text
+                       and d.find_element(By.ID, "out").text == expected)
             wait.until(lambda d: d.find_element(By.ID, "heatmap").is_displayed())
             nbest = driver.find_elements(By.CSS_SELECTOR, "#nbest li")
             assert len(nbest) == min(3, loaded.cfg.beam_size)
