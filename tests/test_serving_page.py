@@ -26,6 +26,7 @@ def image(path) -> np.ndarray:
 def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
     pytest.importorskip("selenium")
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
     loaded = load_model(model_dir)
@@ -61,6 +62,17 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             deep_blue = (cells[:, :, 2] - cells[:, :, 0] > 0.3).mean()  # weight 0.7: B - R = 0.44
             assert 0.01 < deep_blue < 0.5, deep_blue
             assert not_blank(pixels)
+
+            # A second line: only it goes to the server, the first comes from the page's cache.
+            second = "a dog runs in the park"
+            expected2 = Translator(loaded).translate([second])[0]
+            before = app.state.metrics.sentences._value.get()
+            requests_before = app.state.metrics.requests.labels("/translate", "200")._value.get()
+            box.send_keys(Keys.ENTER, second)
+            wait.until(lambda d: d.find_element(By.ID, "out").text == expected + "\n" + expected2
+                       and "from cache" in d.find_element(By.ID, "status").text)
+            new_requests = app.state.metrics.requests.labels("/translate", "200")._value.get() - requests_before
+            assert app.state.metrics.sentences._value.get() - before == new_requests >= 1
 
             driver.set_window_size(390, 844)  # a phone
             overflow = driver.execute_script(
