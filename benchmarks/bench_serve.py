@@ -140,11 +140,38 @@ def reference(args: argparse.Namespace, sentences: list[str]) -> dict[str, str]:
     return dict(zip(sentences, out.split("\n")[:-1]))
 
 
+def plot(results: dict, path: str) -> None:
+    """Two panels against concurrent clients: sentences/s, and p50/p99 latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = results["levels"]
+    clients = [lv["clients"] for lv in levels]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(clients, [lv["sentences_per_s"] for lv in levels], "o-", color="#2f5fd0")
+    a.set(xscale="log", xlabel="concurrent clients", ylabel="sentences / s",
+          title="throughput (one sentence per request)")
+    b.plot(clients, [lv["p50_s"] for lv in levels], "o-", label="p50")
+    b.plot(clients, [lv["p99_s"] for lv in levels], "s--", label="p99")
+    b.set(xscale="log", xlabel="concurrent clients", ylabel="seconds", title="latency per request")
+    b.legend()
+    for ax in (a, b):
+        ax.set_xticks(clients, [str(c) for c in clients])
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"aiayn serve on {results['machine']}", fontsize=10)
+    fig.tight_layout()
+    with atomic_write(path, "wb", encoding=None) as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--sentences", required=True, help="source sentences, one a line (e.g. Multi30k test)")
+    p.add_argument("--model", help="model directory (required unless --from-json)")
+    p.add_argument("--sentences", help="source sentences, one a line (e.g. Multi30k test)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
     p.add_argument("--per-client", type=int, default=16, help="sentences each client sends (default 16)")
     p.add_argument("--batch-tokens", type=int, default=4000, help="server's batch budget (default 4000)")
@@ -152,7 +179,16 @@ def main() -> int:
     p.add_argument("--threads", type=int, help="server's torch threads (default: torch's)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--plot", help="draw sentences/s and latency against clients here (PNG)")
+    p.add_argument("--from-json", metavar="FILE", help="only draw --plot from an earlier --out")
     args = p.parse_args()
+    if args.from_json:
+        if not args.plot:
+            p.error("--from-json needs --plot")
+        plot(json.loads(Path(args.from_json).read_text()), args.plot)
+        return 0
+    if not (args.model and args.sentences):
+        p.error("--model and --sentences are required")
 
     pool = [s for s in Path(args.sentences).read_text(encoding="utf-8").splitlines() if s.strip()]
     used = sorted({pool[k % len(pool)] for k in range(max(args.clients) * args.per_client)})
@@ -189,11 +225,14 @@ def main() -> int:
               f"| {lv['p99_s']:.3f} s | {lv['failed']} | {lv['mean_batch']} | {lv['differ_from_translate']} |")
     if gain is not None:
         print(f"\nbatching gain (32 clients / 1 client): {gain:.1f}x")
+    results = {"machine": machine(), "model": args.model, "per_client": args.per_client,
+               "batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms,
+               "levels": levels, "batching_gain_32": gain}
     if args.out:
         with atomic_write(args.out, "w") as f:
-            json.dump({"machine": machine(), "model": args.model, "per_client": args.per_client,
-                       "batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms,
-                       "levels": levels, "batching_gain_32": gain}, f, indent=2)
+            json.dump(results, f, indent=2)
+    if args.plot:
+        plot(results, args.plot)
     failed = sum(lv["failed"] for lv in levels)
     return 1 if failed else 0
 
