@@ -104,14 +104,14 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from aiayn.commands.translate import _device
+    from aiayn.commands.translate import torch_device
     from aiayn.model.io import load_model
     from aiayn.serving.app import create_app
     from aiayn.serving.engine import Engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine(load_model(args.model, _device(args.device)), max_src_tokens=args.max_src_tokens,
+    engine = Engine(load_model(args.model, torch_device(args.device)), max_src_tokens=args.max_src_tokens,
                     batch_tokens=settings.batch_tokens)
     app = create_app(engine, settings, api_key)
     host, port = sock.getsockname()[:2]
