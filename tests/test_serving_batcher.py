@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from aiayn.serving.batcher import Batcher, QueueFull, ShuttingDown, batch_cost
+from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown, batch_cost
 
 
 class Recorder:
@@ -44,6 +44,16 @@ def test_next_batch_takes_same_key_jobs_in_order_within_the_budget():
     assert b.next_batch() == [j2]  # the oldest job's key goes first
     assert b.next_batch() == [j4, j5]
     assert b.pending == 0
+
+
+def test_after_a_batch_of_several_requests_the_next_waits_for_their_return():
+    b = Batcher(Recorder(), batch_tokens=100, max_wait=0.5)
+    waiting = b.submit("k", [[2]])
+    b.run_batch([Job("k", [[1]])])  # a batch that answered one request
+    assert b.deadline() == waiting.enqueued + 0.5  # nobody to wait for
+    b.run_batch([Job("k", [[3]]), Job("k", [[4]])])  # a batch that answered two
+    assert waiting.enqueued < b._last_end
+    assert b.deadline() == b._last_end + 0.5  # they get max_wait to come back and join
 
 
 def test_a_job_over_the_budget_runs_alone():

@@ -10,7 +10,12 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
   settings) in arrival order while the batch cost, sentences x longest source, stays within the
   token budget; it starts as soon as the budget is full, or `max_wait` seconds after the oldest
   job arrived. While the model is busy, new jobs gather, so under load batches fill without
-  waiting. One call of `search(key, sources)` runs the whole batch; results go back per job.
+  waiting. After a batch that answered several requests, the next one also waits until
+  `max_wait` after it ended: clients that send their next request as soon as they have an answer
+  (a closed loop) then join the others instead of settling into two groups that take turns, each
+  in half-full batches. A lone client waits no longer than before (its next request arrives after
+  the batch ended anyway). One call of `search(key, sources)` runs the whole batch; results go
+  back per job.
 - The queue is bounded in sentences: `submit` raises `QueueFull` rather than queueing more.
   `cancel(job)` (a client that went away, a timeout) removes a waiting job at once, freeing its
   place; a job already running finishes and its result is dropped.
@@ -82,6 +87,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._last_end = float("-inf")  # when the previous batch ended (worker thread only)
+        self._last_jobs = 0  # how many requests it answered
 
     # --- the event loop's side -----------------------------------------------------------------
     @property
@@ -148,14 +155,22 @@ class Batcher:
             n, longest = m, l
         return picked, False
 
+    def deadline(self) -> float:
+        """When the next batch starts at the latest, unless its budget fills first: `max_wait`
+        after the oldest waiting job arrived or, after a batch of several requests, after that
+        batch ended, whichever is later. Call with the queue non-empty, holding the lock."""
+        start = self._queue[0].enqueued
+        if self._last_jobs > 1:
+            start = max(start, self._last_end)
+        return start + self.max_wait
+
     def next_batch(self) -> list[Job]:
         """Block until a batch is ready and take it off the queue ([] once stopping)."""
         with self._cond:
             while not self._queue and not self._stopping:
                 self._cond.wait()
             while not self._stopping:
-                key = self._queue[0].key
-                deadline = self._queue[0].enqueued + self.max_wait
+                key, deadline = self._queue[0].key, self.deadline()
                 picked, full = self._pick(key)
                 now = time.monotonic()
                 if full or now >= deadline:
@@ -185,6 +200,7 @@ class Batcher:
                 job.future.set_exception(e)
             return
         seconds = time.perf_counter() - start
+        self._last_end, self._last_jobs = time.monotonic(), len(jobs)
         at = 0
         for job in jobs:
             job.future.set_result(results[at: at + len(job.sources)])
