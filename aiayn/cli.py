@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("translate", "translate text with a trained model"),
     "attention": ("attention", "draw a model's attention for a sentence (heatmaps, lines, HTML)"),
     "plot": ("plot", "plot positional encodings, the learning-rate schedule, training curves"),
+    "serve": ("serve", "translate over HTTP: an API with dynamic batching and a web page"),
     "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
