@@ -182,3 +182,40 @@ def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
     lines, refs = zip(*(valid.text(i) for i in range(24)))
     out = Translator(avg).translate(list(lines))
     assert sum(o == r for o, r in zip(out, refs)) >= 4
+
+
+def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bleu_vs_time
+
+    data, run, _ = rnn_run
+    from aiayn.training.checkpoint import list_checkpoints
+
+    last = list_checkpoints(run)[-1][1]
+    out = tmp_path / "curve"
+    assert bleu_vs_time.main(["--data", str(data), "--run", f"A={run}", "--run", f"B={run}",
+                              "--out", str(out), "--sentences", "20", "--align", f"RNN={last}",
+                              "--align", f"again={last}", "--sentence", "1",
+                              "--align-split", "valid"]) == 0
+    got = json.loads(out.with_suffix(".json").read_text())
+    walls, bleus = bleu_vs_time.curve(got["A"])
+    assert len(walls) == 4 and walls == sorted(walls) and walls[0] > 0
+    assert bleus[-1] > bleus[0]
+    # the same run twice: "A" reaches B's final BLEU exactly when B ends, at most
+    assert got["comparison"]["target_bleu"] == bleus[-1] and got["comparison"]["ratio"] <= 1
+    assert out.with_suffix(".png").stat().st_size > 0 and (tmp_path / "curve-align.png").exists()
+
+
+def test_first_reaching_interpolates():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bleu_vs_time import first_reaching
+
+    assert first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
+    assert first_reaching([60, 120], [10, 20], 5) == 60
+    assert first_reaching([60, 120], [10, 20], 21) is None
