@@ -18,6 +18,14 @@ import torch
 from torch import Tensor
 
 
+def source_rows(index: Tensor, cross_index: Tensor | None | bool) -> Tensor | None:
+    """In a reorder, the rows the source side (cross-attention keys, source mask) takes:
+    `index` when cross_index is True, its own index when a tensor, none (stays) when None."""
+    if cross_index is None:
+        return None
+    return index if cross_index is True else cross_index
+
+
 @dataclass
 class KVCache:
     """Per-batch decoding state; one instance per `Transformer.new_cache` call.
@@ -118,9 +126,9 @@ class KVCache:
 
         self.self_k, self._spare_k = select(self.self_k, self._spare_k)
         self.self_v, self._spare_v = select(self.self_v, self._spare_v)
-        if cross_index is None:
+        ci = source_rows(index, cross_index)
+        if ci is None:
             return
-        ci = index if cross_index is True else cross_index
         self.cross_k = self.cross_k.index_select(1, ci)
         self.cross_v = self.cross_v.index_select(1, ci)
         self.src_mask = self.src_mask.index_select(0, ci)

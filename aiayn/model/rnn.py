@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from aiayn.config import Config
+from aiayn.model.cache import source_rows
 from aiayn.model.dropout import dropout
 from aiayn.special import PAD_ID
 
@@ -66,9 +67,9 @@ class RNNState:
         side (memory, keys, mask) by `index` too, None leaves it (beams of one sentence share it),
         a tensor moves it by its own index."""
         self.state = self.state.index_select(0, index)
-        if cross_index is None:
+        ci = source_rows(index, cross_index)
+        if ci is None:
             return
-        ci = index if cross_index is True else cross_index
         self.memory = self.memory.index_select(0, ci)
         self.keys = self.keys.index_select(0, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
