@@ -9,7 +9,9 @@ and the raw figures to benchmarks/results/complexity.json.
     flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/complexity.py          # ~5 minutes
     .venv/bin/python benchmarks/complexity.py --report-only    # redraw from the saved JSON
 
-Each layer runs on one sequence (batch 1 by default), fp32, every core torch uses. Forward time
+Each layer runs on one sequence (batch 1 by default), fp32, every core torch uses, with the memory
+settings of the `aiayn` command (mimalloc, aiayn/memory.py: without them glibc maps and faults in
+every tensor over 32 MiB afresh on each run, which bends the curves at n = 4096). Forward time
 is with autograd recording, as in training; backward is timed on its own after it. A point's time
 is the minimum over repeats (at least 3 and 0.3 s of runs at small n, fewer where one run takes
 longer). FLOPs are counted by torch's FlopCounterMode on the meta device (no arithmetic runs),
@@ -31,14 +33,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+if __name__ == "__main__":  # the memory settings every `aiayn` command runs with, before torch loads
+    from aiayn.memory import restart_with_allocator, tune_memory
+
+    restart_with_allocator([sys.executable, *sys.argv])
+    tune_memory()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import complexity_paths as paths  # noqa: E402
 from aiayn.config import BASE  # noqa: E402
@@ -207,7 +214,17 @@ def measure(args: argparse.Namespace) -> dict:
                            "connected": [s.connected for s in stats],
                            "sequential_ops": [paths.sequential_operations(conn, n) for n in path_ns]}
     return {"machine": machine(), "settings": vars(args), "rows": rows, "structure": structure,
-            "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+
+
+def commit() -> str:
+    """The repository's HEAD, marked when the working tree has changes."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" (with changes)" if git("status", "--porcelain", "-uno") else "")
 
 
 def machine() -> str:
@@ -219,8 +236,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    from aiayn.memory import allocator_in_use
+
     return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"Python {platform.python_version()}")
+            f"Python {platform.python_version()}, {allocator_in_use()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-min", type=int, default=16)
     p.add_argument("--n-max", type=int, default=4096)
     p.add_argument("--fit-from", type=int, default=512, help="fit slopes over n >= this")
-    p.add_argument("--path-n-max", type=int, default=512, help="path lengths up to this n")
+    p.add_argument("--path-n-max", type=int, default=1024, help="path lengths up to this n")
     p.add_argument("--min-seconds", type=float, default=0.3)
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/complexity.json")
     p.add_argument("--docs", type=Path, default=ROOT / "docs")

@@ -14,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiayn.io import atomic_write  # noqa: E402
 
 
+PATH_FIT_FROM = 256  # path-length slopes over n >= this (r = 128 needs n >> r to be in its regime)
+
+
 def slope(ns: list[float], ys: list[float]) -> float:
     """Least-squares slope of log y against log n."""
     return float(np.polyfit(np.log(ns), np.log(ys), 1)[0])
@@ -46,6 +49,9 @@ def series(row: dict, key: str) -> list[float]:
 
 
 def _crossing_text(result: dict, a: str, b: str, key: str) -> str:
+    """Where `a` becomes cheaper or dearer than `b` for good: the last crossing of the measured
+    curves, and any earlier ones (at small n, where a layer takes a few milliseconds and per-call
+    overheads, not the orders of Table 1, decide)."""
     rows = result["rows"]
     ns = [p["n"] for p in rows[a]["points"]]
     va, vb = series(rows[a], key), series(rows[b], key)
@@ -54,9 +60,13 @@ def _crossing_text(result: dict, a: str, b: str, key: str) -> str:
     if not xs:
         side = "less" if va[0] < vb[0] else "more"
         return f"- {what}: {a} costs {side} than {b} at every n from {ns[0]} to {ns[-1]}."
-    parts = [f"{'cheaper' if d == 'a<b' else 'dearer'} from n ≈ {n:,.0f}" for n, d in xs]
-    start = "cheaper" if va[0] < vb[0] else "dearer"
-    return f"- {what}: {a} is {start} than {b} at n = {ns[0]}, " + ", then ".join(parts) + "."
+    n_last, direction = xs[-1]
+    first_after = next(n for n in ns if n > n_last)
+    text = (f"- {what}: {a} is {'cheaper' if direction == 'a<b' else 'dearer'} than {b} at every "
+            f"measured n >= {first_after:,} (the curves cross at n ≈ {n_last:,.0f})")
+    if len(xs) > 1:
+        text += "; they also crossed at n ≈ " + ", ".join(f"{n:,.0f}" for n, _ in xs[:-1])
+    return text + "."
 
 
 def _fmt(x: float) -> str:
@@ -82,7 +92,8 @@ def markdown(result: dict, png_name: str) -> str:
         "dense n x n scores, as aiayn did before. \"(core)\" rows are the attention operation alone "
         "(Table 1's count); the others are whole layers with their projections.",
         "",
-        f"Machine: {result['machine']}. Measured {result['date']}.",
+        f"Machine: {result['machine']}. Measured {result['date']}"
+        + (f" at commit {result['commit']}." if result.get("commit") else "."),
         "",
         "Reproduce (about five minutes, under the shared lock):",
         "",
@@ -102,7 +113,7 @@ def markdown(result: dict, png_name: str) -> str:
         seq = ""
         if name in st:
             mp = st[name]["max_path"]
-            tail = [(n, m) for n, m in zip(st[name]["n"], mp) if n >= 64]
+            tail = [(n, m) for n, m in zip(st[name]["n"], mp) if n >= PATH_FIT_FROM]
             sl = slope([t[0] for t in tail], [t[1] for t in tail]) if mp[-1] > mp[0] else 0.0
             path = f"{mp[0]:.0f} → {mp[-1]:.0f} ({sl:.2f})"
             seq = str(st[name]["sequential_ops"][-1])
@@ -180,17 +191,22 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import NullFormatter
+
     rows, st = result["rows"], result["structure"]
+    names = [n for n in rows if "(core)" not in n] + [n for n in st if n not in rows]
+    colour = {n: f"C{i}" for i, n in enumerate(names)}
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.4))
-    for name, row in rows.items():
-        if "(core)" in name:
-            continue
+    for name in [n for n in names if n in rows]:
+        row = rows[name]
         ns = [p["n"] for p in row["points"]]
         style = "--" if "dense masked" in name else "-"
-        axes[0].loglog(ns, series(row, "time"), style, marker="o", ms=3, label=name)
-        axes[1].loglog(ns, [f / 1e9 for f in series(row, "flops")], style, marker="o", ms=3, label=name)
+        for ax, ys in ((axes[0], series(row, "time")), (axes[1], [f / 1e9 for f in series(row, "flops")])):
+            ax.loglog(ns, ys, style, marker="o", ms=3, label=name, color=colour[name])
     for name, v in st.items():
-        axes[2].loglog(v["n"], v["max_path"], marker="o", ms=3, label=name)
+        if name.startswith("separable"):  # the same connectivity as the convolution
+            continue
+        axes[2].loglog(v["n"], v["max_path"], marker="o", ms=3, label=name, color=colour[name])
     d = result["settings"]["d"]
     for ax in axes[:2]:
         ax.axvline(d, color="grey", lw=0.8, ls=":")
@@ -198,6 +214,7 @@ def plot(result: dict, path: Path) -> None:
     titles = ["forward + backward time per layer (s)", "FLOPs per layer, fwd + bwd (GFLOP)",
               "maximum path length (edges)"]
     for ax, title in zip(axes, titles):
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(title)
         ax.set_xlabel("sequence length n")
         ax.grid(True, which="both", alpha=0.3)
