@@ -46,8 +46,11 @@ class Config:
     # "pre" applies LayerNorm before each sub-layer, x + Sublayer(LN(x)), plus a final LayerNorm on
     # each stack (Wang et al. 2019); trains more stably deep, but is not the paper's post-norm.
     norm: Literal["post", "pre"] = "post"
-    # Restricted self-attention (Table 1): each position attends only to positions within r of it
-    # (encoder: |i - j| <= r; decoder: i - r <= j <= i). None means unrestricted, as the paper trained.
+    # Restricted self-attention (Table 1): each position attends only to positions within r of it.
+    # r counts the keys on ONE side: an encoder query i sees |i - j| <= r, a neighbourhood of 2r + 1
+    # positions; a decoder query sees i - r <= j <= i, r + 1 positions. Computed banded (only each
+    # query's window, O(r n d) time and memory; aiayn.model.banded), and the decoding cache keeps
+    # only the last r + 1 keys. None means unrestricted, as the paper trained.
     attn_window: int | None = None
     # Biases on the Q/K/V/O projections. The paper writes them as bias-free matrices W^Q, W^K, W^V,
     # W^O (§3.2.2); fairseq and Marian add biases.
@@ -60,6 +63,16 @@ class Config:
     # With untied source/target embeddings, still tie the target embedding to the output layer.
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
+
+    # --- another architecture, not the paper's: off by default ----------------------------------
+    # "rnn" is the attention-based RNN encoder-decoder the paper compares against (Bahdanau et al.
+    # 2015, aiayn.model.rnn): a bidirectional GRU encoder, additive attention, a GRU decoder. It
+    # reads only the rnn_* sizes below (plus vocabularies, p_drop and the tying flags); the
+    # Transformer's sizes are ignored. Defaults are Bahdanau et al.'s RNNsearch sizes.
+    arch: Literal["transformer", "rnn"] = "transformer"
+    rnn_emb: int = 620  # word embedding size (also the maxout readout's output size)
+    rnn_hidden: int = 1000  # GRU units: per encoder direction, and the decoder's state
+    rnn_attn: int = 1000  # hidden size of the additive alignment model
 
     # --- training, §5 ------------------------------------------------------------------------
     eps_ls: float = 0.1  # label smoothing (§5.4)
@@ -92,7 +105,8 @@ class Config:
             return UserError(f"invalid config: {msg}")
 
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions", "warmup_steps",
-                     "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple"):
+                     "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple", "rnn_emb",
+                     "rnn_hidden", "rnn_attn"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 0 or self.tgt_vocab_size < 0:
@@ -108,6 +122,8 @@ class Config:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
+        if self.arch not in ("transformer", "rnn"):
+            raise bad(f"arch must be 'transformer' or 'rnn', got {self.arch!r}")
         if self.norm not in ("post", "pre"):
             raise bad(f"norm must be 'post' or 'pre', got {self.norm!r}")
         if self.positions not in ("sinusoidal", "learned"):
@@ -179,7 +195,8 @@ class Config:
 # cannot be averaged or resumed into one another. The rest (recipe, decoding) may differ.
 ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
                "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
-               "tie_embeddings", "tie_output", "layer_norm_eps")
+               "tie_embeddings", "tie_output", "layer_norm_eps", "arch", "rnn_emb", "rnn_hidden",
+               "rnn_attn")
 
 # Training-only fields of earlier versions, ignored when a saved config.json still has them (they
 # never shaped the network, so such a model loads and decodes as it did).

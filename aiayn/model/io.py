@@ -32,7 +32,7 @@ SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
 
 @dataclass
 class LoadedModel:
-    model: Any  # aiayn.model.Transformer, in eval mode
+    model: Any  # what aiayn.model.build_model makes (a Transformer by default), in eval mode
     cfg: Config
     src_tokenizer: Any  # aiayn.data.tokenizer.Tokenizer (the same object when shared)
     tgt_tokenizer: Any
@@ -105,11 +105,11 @@ def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], w
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Read a model directory: model (eval mode, on `device`), config, tokenizers and meta."""
     from aiayn.data.tokenizer import Tokenizer  # sentencepiece, only when loading
-    from aiayn.model.transformer import Transformer
+    from aiayn.model.build import build_model
 
     p = Path(path)
     cfg = read_config(p)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     load_state_checked(model, read_weights(p), str(p))
     toks = tokenizer_files(p)
     if SHARED_SPM in toks:

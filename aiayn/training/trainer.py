@@ -163,12 +163,12 @@ class Trainer:
 
     def _initial_model(self) -> torch.nn.Module:
         """Seeded weights, identical on every rank; then the rank's own dropout stream."""
-        from aiayn.model.transformer import Transformer
+        from aiayn.model.build import build_model
 
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         torch.manual_seed(self.seed)
-        model = Transformer(self.cfg).to(self.env.device)
+        model = build_model(self.cfg).to(self.env.device)
         torch.manual_seed(dist_.rank_seed(self.seed, self.env.rank))
         return model
 
