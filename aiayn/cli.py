@@ -1,7 +1,8 @@
 """The `aiayn` command line: one subcommand per step of the recipe.
 
 Each subcommand lives in `aiayn/commands/<name>.py` with `add_arguments(parser)` and
-`main(args) -> int`. A `UserError` becomes one line on stderr and exit status 2, no traceback.
+`main(args) -> int`. A `UserError`, or an I/O failure (a full disk, a read-only directory), becomes
+one line on stderr and exit status 2, no traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import sys
 
 from aiayn.errors import UserError
+from aiayn.io import io_failure
 from aiayn.memory import restart_with_allocator, tune_memory
 
 # name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
@@ -73,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:  # a disk that filled up, a directory that is not writable: one line
+        line = io_failure(e)
+        if line is None:
+            raise
+        print(f"aiayn {args.command}: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 
 Reads UTF-8 lines (a file, which may be gzipped, or stdin) and writes exactly one line of
 detokenized text per input line, in input order (a blank input line, empty or whitespace only,
-gives an empty output line). `--output` is written atomically and never replaces an existing file without
-`--overwrite`. With `--nbest N` each input line gives up to N lines, best first:
+gives an empty output line). `--output` is written atomically, never replaces an existing file
+without `--overwrite`, and is locked while it is written (a second translate into it is refused).
+With `--nbest N` each input line gives up to N lines, best first:
 
     index<TAB>score<TAB>text
 
@@ -165,6 +166,18 @@ def _alignment_options(args: argparse.Namespace, cfg) -> tuple[str, dict] | None
 
 
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from aiayn.io import exclusive_lock
+
+    with contextlib.ExitStack() as stack:
+        if args.output is not None:  # one translate at a time into a file
+            stack.enter_context(exclusive_lock(args.output, "aiayn translate",
+                                               "wait for it to finish, or choose another --output"))
+        return _translate(args)
+
+
+def _translate(args: argparse.Namespace) -> int:
     from aiayn.io import atomic_write, check_writable
 
     options = search_options(args)
