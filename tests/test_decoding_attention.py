@@ -12,7 +12,6 @@ import torch
 from aiayn.config import BASE
 from aiayn.decoding import beam_search, greedy_search, source_batch
 from aiayn.decoding.common import AttentionRequest, check_index
-from aiayn.model import Transformer
 from aiayn.special import BOS_ID
 from conftest import train_reverser
 

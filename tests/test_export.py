@@ -19,7 +19,7 @@ from aiayn.cli import main as cli_main
 from aiayn.decoding import greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
-from aiayn.model import Transformer, build_model
+from aiayn.model import build_model
 from aiayn.model.io import load_model, save_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 

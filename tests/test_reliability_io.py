@@ -56,8 +56,10 @@ def quiet(**kw) -> TrainOptions:
 
 
 def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
+    """The error is one line and the last one (progress lines such as "reading ..." may precede it)."""
+    lines = err.rstrip("\n").splitlines()
+    assert "Traceback" not in err and [l for l in lines if "error" in l] == lines[-1:], err
+    return lines[-1] + "\n"
 
 
 # --- locks ------------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
     orders them). No trainer state: the result is for translating, not for resuming. A second
     average into the same `out` meanwhile is refused (`aiayn.io.exclusive_lock`)."""
     from aiayn.io import check_writable, exclusive_lock, write_dir_atomically
+    from aiayn.model.io import fill_model_dir, read_config, read_meta, read_weights, tokenizer_files
 
     paths = [Path(p) for p in inputs]
     if not paths:

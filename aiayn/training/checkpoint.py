@@ -269,7 +269,12 @@ def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UserError(f"{ckpt} has no {TRAINER_STATE}; it cannot be resumed") from None
-    except pickle.UnpicklingError:  # PyTorch's message would advise weights_only=False: never
+    except pickle.UnpicklingError:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] != b"\x80" and head != b"PK":  # neither a pickle nor torch's zip: damaged
+            raise UserError(f"{path}: cannot read trainer state (damaged or not a PyTorch file)") from None
+        # PyTorch's message would advise weights_only=False: never
         raise UserError(f"{path}: refused: it holds Python objects other than tensors and plain "
                         f"data, which aiayn never writes; resume from a checkpoint aiayn wrote") from None
     except Exception as e:  # a damaged or foreign file
