@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
     "export": ("export", "convert a model for another inference engine (CTranslate2)"),
+    "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
 }
 
 
