@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
     "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
     "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
+    "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
 }
 
 

@@ -1,6 +1,8 @@
-"""Parameter counts and model FLOPs (Table 2, Table 3 "params")."""
+"""Parameter counts and model FLOPs (Table 2, Table 3 "params"), and Table 2's training cost."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -60,3 +62,38 @@ def rnn_flops_per_target_token(cfg: Config, src_len: float = 25.0, tgt_len: floa
     dec = h * a + 3 * ((e + 2 * h) * h + h * h) + (h + e + 2 * h) * 2 * e + e * cfg.tgt_vocab
     attn = src_len * (a + 2 * h)  # scores and context, per target token
     return 2 * (enc * src_len / tgt_len + dec + attn) * (3 if training else 1)
+
+
+# --- Table 2: the paper's training cost -------------------------------------------------------
+
+PAPER_TOKENS_PER_STEP = 25_000  # target tokens in one update (§5.1: ~25,000 of each side)
+
+
+@dataclass(frozen=True)
+class PaperTrainingCost:
+    """Table 2's way of counting a model's training cost: training time x number of GPUs x the
+    sustained single-precision throughput of one GPU (its footnote: K80 2.8, K40 3.7, M40 6.0,
+    P100 9.5 TFLOPS), against the figure Table 2 prints."""
+
+    hours: float
+    gpus: int
+    tflops: float
+    steps: int
+    reported: float
+
+    @property
+    def flops(self) -> float:
+        return self.hours * 3600 * self.gpus * self.tflops * 1e12
+
+
+# §5.2: base 100K steps in 12 hours, big 300K steps in 3.5 days, both on 8 P100 GPUs.
+TABLE2: dict[str, PaperTrainingCost] = {
+    "base": PaperTrainingCost(hours=12, gpus=8, tflops=9.5, steps=100_000, reported=3.3e18),
+    "big": PaperTrainingCost(hours=3.5 * 24, gpus=8, tflops=9.5, steps=300_000, reported=2.3e19),
+}
+
+
+def training_flops(cfg: Config, steps: int, tokens_per_step: int = PAPER_TOKENS_PER_STEP,
+                   src_len: float = 25.0, tgt_len: float = 25.0) -> float:
+    """The analytic training cost: model FLOPs per target token x target tokens trained."""
+    return flops_per_target_token(cfg, src_len, tgt_len) * steps * tokens_per_step
