@@ -203,6 +203,35 @@ def test_separate_vocab_tsv_and_sgml(tmp_path):
     assert test.text(0) == ("house and dog", "Haus & Hund")
 
 
+def test_separate_target_vocabulary_size(tmp_path):
+    """A target vocabulary of its own size: a closed set of symbols, one id each, beside the
+    source's subwords (the parsing recipe's tree symbols). Unset, it leaves the fingerprint as
+    it was before the option existed, so older datasets stay up to date."""
+    from types import SimpleNamespace
+
+    from aiayn.data.prepare import _fingerprint
+
+    d = tmp_path / "raw"
+    d.mkdir()
+    src = sentences(EN, 80, 3)
+    tgt = [" ".join(["(S"] + ["XX"] * len(s.split()) + [")S"]) for s in src]
+    write_lines(d / "train.en", src)
+    write_lines(d / "train.de", tgt)
+    opts = options(separate_vocab=True, vocab_size=300, tgt_model_type="word", tgt_vocab_size=7,
+                   max_len=0, max_ratio=0)
+    prepare_dataset(tmp_path / "ds", {"train": ParallelSource(d / "train.en", d / "train.de")}, opts)
+    info = load_dataset_dir(tmp_path / "ds")
+    assert (info.src_tokenizer.vocab_size, info.tgt_tokenizer.vocab_size) == (300, 7)
+    assert info.tgt_tokenizer.encode("(S XX )S") == [info.tgt_tokenizer.piece_to_id(p)
+                                                     for p in ("▁(S", "▁XX", "▁)S")]
+    unset = options(separate_vocab=True)
+    legacy = {k: v for k, v in unset.__dict__.items() if k != "tgt_vocab_size"}
+    assert _fingerprint(unset, {}) == _fingerprint(SimpleNamespace(**legacy), {})
+    assert _fingerprint(unset, {}) != _fingerprint(options(separate_vocab=True, tgt_vocab_size=7), {})
+    with pytest.raises(UserError, match="separate"):
+        options(tgt_vocab_size=7).check()
+
+
 def test_dataset_pickles_by_path(raw, tmp_path):
     out = tmp_path / "ds"
     prepare_dataset(out, splits(raw["dir"]), options())

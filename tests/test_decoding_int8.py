@@ -1,7 +1,8 @@
 """Int8 decoding (aiayn/model/int8.py, aiayn/decoding/precision.py): the int8 product against an
 integer reference written here and against the fp32 product within the quantization error bound,
-a row's result independent of its batch, the int8 model against the fp32 model it came from, and
-what "auto" picks on made-up CPUs."""
+a row's result independent of its batch, the int8 model against the fp32 model it came from
+(log-probabilities within 0.05 nats; greedy and beam outputs equal on a trained model), the CLI's
+options and its one-line errors."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 
 from aiayn.decoding import beam_search, greedy_search, source_batch
-from aiayn.decoding.precision import auto_precision, convert, current, resolve
+from aiayn.decoding.precision import convert, current, resolve
 from aiayn.decoding.translate import Translator
 from aiayn.model import Transformer
+from aiayn.model.build import build_model
 from aiayn.model.int8 import (Int8Linear, activation_levels, int8_supported, quantize_model,
                               quantize_rows)
 from aiayn.model.io import load_model
@@ -94,7 +96,8 @@ def micro(seed: int = 0, **overrides) -> Transformer:
 
 @needs_int8
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "tgt_vocab_size": 30},
-                                       {"norm": "pre", "positions": "learned"}])
+                                       {"tie_output": False},
+                                       {"norm": "pre", "positions": "learned", "attn_window": 2}])
 def test_int8_model_follows_the_fp32_model(overrides):
     fp32 = micro(**overrides)
     int8 = quantize_model(micro(**overrides), 63)
@@ -105,11 +108,18 @@ def test_int8_model_follows_the_fp32_model(overrides):
     with torch.no_grad():
         ref = fp32(src, tgt_in, mask).log_softmax(-1)
         full = int8(src, tgt_in, mask).log_softmax(-1)
-        # cached decoding equals the full pass in int8 too (each position is its own row)
+        _, attn_full = int8(src, tgt_in, mask, return_attention=True)
+        # cached decoding equals the full pass in int8 too (each position is its own row), and
+        # the step's cross-attention weights are the full pass's rows
         cache = int8.new_cache(int8.encode(src, mask), mask)
-        steps = torch.stack([int8.decode_step(tgt_in[:, t : t + 1], cache)
-                             for t in range(tgt_in.size(1))], 1).log_softmax(-1)
+        steps, cross = [], []
+        for t in range(tgt_in.size(1)):
+            logits, w = int8.decode_step(tgt_in[:, t : t + 1], cache, return_attention=True)
+            steps.append(logits)
+            cross.append(w["cross"][-1])  # (B, h, 1, S)
+        steps = torch.stack(steps, 1).log_softmax(-1)
     torch.testing.assert_close(steps, full, rtol=0, atol=1e-4)
+    torch.testing.assert_close(torch.cat(cross, 2), attn_full["cross"][-1], rtol=0, atol=1e-5)
     # Stated tolerance: the log-probabilities of int8 decoding stay within 0.05 nats of fp32's
     # (measured: ~0.01 on these models)
     assert (full - ref).abs().max() < 0.05
@@ -135,6 +145,9 @@ def test_int8_search_gives_the_fp32_outputs_on_a_confident_model(tmp_path):
 
 @needs_int8
 def test_translator_converts_once_and_shares_the_model(model_dir):
+    fp32 = Translator(load_model(model_dir))  # the default: the paper's arithmetic, untouched
+    assert fp32.precision == "fp32" and current(fp32.model) == "fp32"
+    assert any(isinstance(m, torch.nn.Linear) for m in fp32.model.modules())
     loaded = load_model(model_dir)
     first = Translator(loaded, precision="int8")
     assert first.precision == "int8" and current(loaded.model) == "int8"
@@ -150,20 +163,23 @@ def test_translator_converts_once_and_shares_the_model(model_dir):
         Translator(loaded, precision="int4")
 
 
-def test_auto_picks_per_cpu_kind():
+def test_precision_checks_and_activation_levels_per_cpu_kind():
     avx2 = frozenset({"avx", "avx2", "fma"})
-    zen4 = avx2 | {"avx512f", "avx512_bf16", "avx512_vnni"}
-    amx = zen4 | {"amx_bf16", "amx_int8", "amx_tile"}
-    assert auto_precision("cpu", avx2, int8_ok=True) == "int8"
-    assert auto_precision("cpu", zen4, int8_ok=True) == "int8"
-    assert auto_precision("cpu", amx, int8_ok=True) == "bf16"
-    assert auto_precision("cpu", frozenset(), int8_ok=False) == "fp32"  # e.g. no AVX2, not x86
-    assert auto_precision("cuda", frozenset(), int8_ok=False, cuda_bf16=True) == "bf16"
-    assert auto_precision("cuda", frozenset(), int8_ok=False, cuda_bf16=False) == "fp32"
-    assert activation_levels(avx2) == 63 and activation_levels(zen4) == 127
-    assert resolve("fp32", "cpu") == "fp32" and resolve("auto", "cpu") in ("int8", "bf16", "fp32")
+    vnni = avx2 | {"avx512f", "avx512_bf16", "avx512_vnni"}
+    assert activation_levels(avx2) == 63 and activation_levels(vnni) == 127
+    assert resolve("fp32", "cpu") == "fp32" and resolve("bf16", "meta") == "bf16"
     with pytest.raises(ValueError, match="x86 CPUs only"):
         resolve("int8", "meta")
+    with pytest.raises(ValueError, match="unknown decoding precision 'auto'"):
+        resolve("auto", "cpu")
+
+
+def test_int8_refuses_the_rnn_model():
+    rnn = build_model(replace(MICRO, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5,
+                              rnn_attn=7))
+    with pytest.raises(ValueError, match="Transformer only, not arch 'rnn'"):
+        convert(rnn, "int8")
+    assert current(rnn) == "fp32"  # left as it was
 
 
 def test_cli_precision_flags(model_dir, tmp_path):

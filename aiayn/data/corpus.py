@@ -15,7 +15,7 @@ Problems are `UserError`s naming the file (and the 1-based line where there is o
 anything is written: a missing file, invalid UTF-8, line counts that differ, a TSV line without
 exactly one tab, an SGML file without segments.
 
-Cleaning (`empty_pairs`, `length_filters`) applies to training data only; dev and test sets are
+Cleaning (`empty_pairs`, `nul_pairs`, `length_filters`) applies to training data only; dev and test sets are
 never filtered or reordered, one output line per input line. Lengths for the filters are counted in
 subword tokens (not words): the limit then means the same thing as the batcher's token budget, so
 `aiayn prepare --max-len N` guarantees every pair fits a batch of `max_tokens >= N + 1`.
@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from aiayn.errors import UserError
+from aiayn.io import reading
 
 GZIP_MAGIC = b"\x1f\x8b"
 SGML_SUFFIXES = (".sgm", ".sgml")
@@ -43,25 +44,24 @@ def read_bytes(path: str | Path) -> bytes:
     """The content of `path`, gunzipped if it is gzip (by magic bytes)."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        with reading(p, "a text file"), open(p, "rb") as f:
             head = f.read(2)
             f.seek(0)
             if head == GZIP_MAGIC:
                 with gzip.GzipFile(fileobj=f) as g:
                     return g.read()
             return f.read()
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{p}: is a directory, expected a text file") from None
-    except PermissionError:
-        raise UserError(f"{p}: permission denied") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise UserError(f"{p}: damaged gzip file ({e})") from None
 
 
 def decode_utf8(data: bytes, path: str | Path) -> str:
-    """Strict UTF-8 decoding; an error names the file, 1-based line and column."""
+    """Strict UTF-8 decoding; an error names the file, 1-based line and column. Data that is a
+    quarter NUL bytes or more is refused: it is UTF-16 or binary, whatever it decodes to."""
+    nul = data.count(b"\0")
+    if nul and nul * 4 >= len(data):
+        raise UserError(f"{path}: {nul} of its {len(data)} bytes are NUL: UTF-16 or binary data, "
+                        f"not UTF-8 text (convert it with iconv -f UTF-16 -t UTF-8)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -210,6 +210,11 @@ def find_parallel(values: Sequence[str], src_lang: str, tgt_lang: str) -> Parall
 
 
 # --- cleaning (training data only) --------------------------------------------------------------
+
+
+def nul_pairs(src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
+    """Bool mask, True where either side holds a NUL character (binary junk in crawled text)."""
+    return np.fromiter(("\0" in s or "\0" in t for s, t in zip(src, tgt)), bool, count=len(src))
 
 
 def empty_pairs(src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:

@@ -16,7 +16,7 @@ A dataset directory holds:
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from aiayn.config import Config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
+from aiayn.io import check_schema, read_json
 
 FORMAT = "aiayn-dataset"
 FORMAT_VERSION = 1
@@ -51,20 +52,43 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
+_VOCAB = {"file": str, "size": int, "?sha256": str}
+_FILTERED = {"empty": int, "too_long": int, "length_ratio": int, "?nul": int}
+_SPLIT = {"pairs": int, "input_pairs": int, "filtered": (_FILTERED, None), "raw_text": bool,
+          "src_tokens": int, "tgt_tokens": int, "max_src_len": int, "max_tgt_len": int}
+# What aiayn reads from manifest.json (aiayn.io.check_schema); prepare writes more (sources, software).
+MANIFEST_SCHEMA = {
+    "format": str, "version": int, "?fingerprint": str, "src_lang": str, "tgt_lang": str,
+    "shared_vocab": bool, "vocab": {"src": _VOCAB, "tgt": _VOCAB},
+    "options": {"model_type": str, "?tgt_model_type": (str, None)}, "splits": {str: _SPLIT},
+}
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def read_manifest(directory: str | Path) -> dict:
+    """A dataset's manifest.json, checked: every field aiayn reads has its type, file names stay
+    inside the directory, counts are non-negative."""
     path = Path(directory) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        msg = f"{directory}: not a prepared dataset (no manifest.json); run aiayn prepare"
-        raise UserError(msg) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: damaged manifest ({e})") from None
-    if manifest.get("format") != FORMAT:
+    if not path.exists():
+        raise UserError(f"{directory}: not a prepared dataset (no manifest.json); run aiayn prepare")
+    manifest = read_json(path)
+    check_schema(manifest, {"format": str, "version": int}, str(path))
+    if manifest["format"] != FORMAT:
         raise UserError(f"{path}: not an aiayn dataset manifest")
-    if manifest.get("version") != FORMAT_VERSION:
-        raise UserError(f"{path}: dataset format version {manifest.get('version')}, this aiayn reads "
+    if manifest["version"] != FORMAT_VERSION:
+        raise UserError(f"{path}: dataset format version {manifest['version']}, this aiayn reads "
                         f"{FORMAT_VERSION}; re-run aiayn prepare")
+    check_schema(manifest, MANIFEST_SCHEMA, str(path))
+    for side, v in manifest["vocab"].items():
+        if not _PLAIN_NAME.fullmatch(v["file"]) or v["file"].startswith("."):
+            raise UserError(f"{path}: field 'vocab.{side}.file' must be a file name in the "
+                            f"dataset directory, got {v['file']!r}")
+    for name, info in manifest["splits"].items():
+        if not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
+            raise UserError(f"{path}: split name {name!r} is not a plain name")
+        for k in ("pairs", "input_pairs", "src_tokens", "tgt_tokens", "max_src_len", "max_tgt_len"):
+            if info[k] < 0:
+                raise UserError(f"{path}: field 'splits.{name}.{k}' must be >= 0, got {info[k]}")
     return manifest
 
 
@@ -121,6 +145,10 @@ def load_dataset_dir(directory: str | Path) -> DatasetInfo:
     vocab = manifest["vocab"]
     src = Tokenizer.load(d / vocab["src"]["file"])
     tgt = src if manifest["shared_vocab"] else Tokenizer.load(d / vocab["tgt"]["file"])
+    for side, tok in (("src", src), ("tgt", tgt)):
+        if tok.vocab_size != vocab[side]["size"]:
+            raise UserError(f"{d / 'manifest.json'}: field 'vocab.{side}.size' is "
+                            f"{vocab[side]['size']}, but {tok.path} has {tok.vocab_size} pieces")
     return DatasetInfo(d, manifest, src, tgt, list(manifest["splits"]))
 
 
@@ -131,10 +159,33 @@ def _check_split(info: DatasetInfo, split: str) -> dict:
 
 
 def _load_array(path: Path) -> np.ndarray:
+    """A one-dimensional integer array from a .npy file, memory-mapped (never unpickled)."""
     try:
-        return np.load(path, mmap_mode="r")
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"{path}: missing from the dataset; re-run aiayn prepare") from None
+    except (ValueError, OSError, EOFError) as e:  # object arrays, damaged headers, truncation
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise UserError(f"{path}: not a valid .npy array ({reason}); re-run aiayn prepare") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "iu":
+        shape = getattr(arr, "shape", "?")
+        raise UserError(f"{path}: expected a one-dimensional integer array, found {arr.dtype} "
+                        f"of shape {shape}; re-run aiayn prepare")
+    return arr
+
+
+def check_split_arrays(ids: np.ndarray, offsets: np.ndarray, vocab_size: int, pairs: int,
+                       where: str) -> None:
+    """One side of a split: offsets start at 0, never decrease, end at len(ids), number pairs+1;
+    every id is a piece of the vocabulary. A one-line UserError naming `where` otherwise."""
+    if len(offsets) != pairs + 1:
+        raise UserError(f"{where}: {len(offsets) - 1} sentences, the manifest says {pairs}; "
+                        f"re-run aiayn prepare")
+    if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
+        raise UserError(f"{where}: sentence offsets do not fit the token ids; re-run aiayn prepare")
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise UserError(f"{where}: token ids outside the vocabulary of {vocab_size} pieces; "
+                        f"re-run aiayn prepare")
 
 
 def read_split_text(directory: str | Path | DatasetInfo, split: str, side: str = "tgt") -> list[str]:
@@ -159,14 +210,14 @@ class ParallelDataset:
         d = self.directory
         self.src_ids = _load_array(d / ids_file(split, "src"))
         self.tgt_ids = _load_array(d / ids_file(split, "tgt"))
-        self.src_offsets = np.array(_load_array(d / idx_file(split, "src")))
-        self.tgt_offsets = np.array(_load_array(d / idx_file(split, "tgt")))
+        self.src_offsets = np.array(_load_array(d / idx_file(split, "src")), dtype=np.int64)
+        self.tgt_offsets = np.array(_load_array(d / idx_file(split, "tgt")), dtype=np.int64)
+        for side, ids, offsets, tok in (("src", self.src_ids, self.src_offsets, self.info.src_tokenizer),
+                                        ("tgt", self.tgt_ids, self.tgt_offsets, self.info.tgt_tokenizer)):
+            check_split_arrays(ids, offsets, tok.vocab_size, self.split_info["pairs"],
+                               f"{d}: split {split!r} ({side})")
         self.src_lengths = np.diff(self.src_offsets)
         self.tgt_lengths = np.diff(self.tgt_offsets)
-        n = self.split_info["pairs"]
-        if not (len(self.src_lengths) == len(self.tgt_lengths) == n
-                and self.src_offsets[-1] == len(self.src_ids) and self.tgt_offsets[-1] == len(self.tgt_ids)):
-            raise UserError(f"{d}: split {split!r} is inconsistent with its manifest; re-run aiayn prepare")
 
     @property
     def manifest(self) -> dict:

@@ -2,16 +2,18 @@
 `aiayn.data.dataset`).
 
 Steps: read and check every input (nothing is written before all of it passes); drop training
-pairs with an empty side; learn the sentencepiece vocabulary from the remaining training text of
-both languages (§5.1, shared by default, §3.4); encode every split; drop training pairs that are too
-long or too lopsided (in subword tokens); write ids, offsets, raw dev/test lines, the model(s) and
-`manifest.json` into a temporary sibling directory and rename it into place, so a crash leaves
-either nothing or a complete dataset. Dev and test splits keep every line, in order.
+pairs with an empty side or a NUL byte (counted in the manifest and the summary; dev and test
+pairs with NUL bytes are kept, with a warning); learn the sentencepiece vocabulary from the
+remaining training text of both languages (§5.1, shared by default, §3.4); encode every split;
+drop training pairs that are too long or too lopsided (in subword tokens); write ids, offsets,
+raw dev/test lines, the model(s) and `manifest.json` into a temporary sibling directory and rename
+it into place, so a crash leaves either nothing or a complete dataset. Dev and test splits keep every line, in order.
 
 A fingerprint of the options and of the inputs' sha256 (not their paths) is stored in the manifest:
 the same inputs and options into an existing dataset are reported up to date and reused; anything
 else there is refused unless `overwrite` (and a directory that is not an aiayn dataset is never
-replaced).
+replaced). While it writes, `prepare_dataset` holds the output's lock (`aiayn.io.exclusive_lock`):
+a second prepare into the same directory meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from aiayn.data.corpus import ParallelSource, empty_pairs, length_filters
+from aiayn.data.corpus import ParallelSource, empty_pairs, length_filters, nul_pairs
 from aiayn.data.dataset import (
     FORMAT,
     FORMAT_VERSION,
@@ -43,21 +45,16 @@ from aiayn.data.dataset import (
 )
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
 from aiayn.errors import UserError
-from aiayn.io import atomic_write, write_dir_atomically
+from aiayn.io import atomic_write, exclusive_lock, reading, write_dir_atomically
 
 ENCODE_CHUNK = 50_000  # sentences per sentencepiece call: bounds the memory of Python int lists
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(chunk):
-                h.update(block)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a text file") from None
+    with reading(path, "a text file"), open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
     return h.hexdigest()
 
 
@@ -110,6 +107,7 @@ class PrepareOptions:
     separate_vocab: bool = False
     model_type: str = "bpe"
     tgt_model_type: str | None = None  # separate vocabularies only; None: model_type
+    tgt_vocab_size: int | None = None  # separate vocabularies only; None: vocab_size
     max_len: int = 250  # subword tokens per side, training only; 0 = no limit
     max_ratio: float = 9.0  # longer/shorter side in subword tokens, training only; 0 = no limit
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
@@ -125,9 +123,11 @@ class PrepareOptions:
         for lang in (self.src_lang, self.tgt_lang):
             if not re.fullmatch(r"[A-Za-z0-9_-]+", lang):
                 raise UserError(f"language code {lang!r} should be letters, digits, '_' or '-'")
-        if self.tgt_model_type is not None and not self.separate_vocab:
-            raise UserError("a target model type of its own needs separate vocabularies "
-                            "(--separate-vocab)")
+        if (self.tgt_model_type is not None or self.tgt_vocab_size is not None) and not self.separate_vocab:
+            raise UserError("a target model type or vocabulary size of its own needs separate "
+                            "vocabularies (--separate-vocab)")
+        if self.tgt_vocab_size is not None and self.tgt_vocab_size < 5:
+            raise UserError(f"--tgt-vocab-size must be at least 5, got {self.tgt_vocab_size}")
         if self.src_lang == self.tgt_lang:
             raise UserError(f"source and target language are both {self.src_lang!r}")
 
@@ -154,7 +154,9 @@ def _fingerprint(options: PrepareOptions, sources: dict[str, dict]) -> str:
     """Hash of everything that decides the output: options and input contents (not their paths)."""
     key = {
         "format": [FORMAT, FORMAT_VERSION],
-        "options": options.__dict__,
+        # an unset target size is left out, so datasets made before the option keep their key
+        "options": {k: v for k, v in options.__dict__.items()
+                    if not (k == "tgt_vocab_size" and v is None)},
         "inputs": {split: [(f["role"], f["sha256"]) for f in s["files"]] for split, s in sources.items()},
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -228,11 +230,15 @@ def prepare_dataset(
     if not texts["train"][0]:
         raise UserError(f"the training corpus {splits['train'].src} is empty")
 
-    built: list[dict] = []
-    write_dir_atomically(out, lambda tmp: built.append(
-        _build(tmp, texts, options, sources, fingerprint, say)))
-    manifest = built[0]
-    return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0)
+    with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
+        # again, now that no other prepare can change it
+        existing = _check_out_dir(out, fingerprint, overwrite)
+        if existing is not None:
+            return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
+        built: list[dict] = []
+        write_dir_atomically(out, lambda tmp: built.append(
+            _build(tmp, texts, options, sources, fingerprint, say)))
+    return PrepareResult(out, built[0], up_to_date=False, seconds=time.perf_counter() - t0)
 
 
 def _learn_vocab(
@@ -245,7 +251,8 @@ def _learn_vocab(
         f"from {len(src)} training pairs")
     src_tok, tgt_tok = train_tokenizers(
         src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
-        tgt_model_type=options.tgt_model_type, byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
+        tgt_model_type=options.tgt_model_type, tgt_vocab_size=options.tgt_vocab_size,
+        byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
     )
     toks = {"src": src_tok, "tgt": tgt_tok}
     vocab = {}
@@ -292,10 +299,16 @@ def _build(tmp: Path, texts: dict, options: PrepareOptions, sources: dict, finge
 
     train_src, train_tgt = texts["train"]
     empty = empty_pairs(train_src, train_tgt)
-    kept_src = [s for s, e in zip(train_src, empty) if not e]
-    kept_tgt = [t for t, e in zip(train_tgt, empty) if not e]
+    nul = nul_pairs(train_src, train_tgt) & ~empty  # binary junk, or text of another encoding
+    dropped = empty | nul
+    kept_src = [s for s, e in zip(train_src, dropped) if not e]
+    kept_tgt = [t for t, e in zip(train_tgt, dropped) if not e]
     if not kept_src:
-        raise UserError(f"every training pair has an empty side ({len(train_src)} pairs)")
+        raise UserError(f"every training pair has an empty side or a NUL byte ({len(train_src)} pairs)")
+    for name, (src, tgt) in texts.items():
+        n = int(nul_pairs(src, tgt).sum()) if name != "train" else 0
+        if n:
+            say(f"warning: {name}: {n} pair(s) hold NUL bytes (kept: dev and test sets are never filtered)")
     toks, vocab = _learn_vocab(tmp, kept_src, kept_tgt, options, say)
 
     split_info: dict[str, dict] = {}
@@ -308,7 +321,7 @@ def _build(tmp: Path, texts: dict, options: PrepareOptions, sources: dict, finge
         filtered = None
         if is_train:
             enc, counts = _filter_train(enc, options)
-            filtered = {"empty": int(empty.sum()), **counts}
+            filtered = {"empty": int(empty.sum()), "nul": int(nul.sum()), **counts}
         split_info[name] = {
             "pairs": len(enc["src"][1]), "input_pairs": len(raw[0]), "filtered": filtered,
             "raw_text": not is_train, **sources[name],
@@ -356,6 +369,7 @@ def format_summary(result: PrepareResult) -> str:
         if s["filtered"] is not None:
             f = s["filtered"]
             line += (f"; filtered {s['input_pairs'] - s['pairs']} of {s['input_pairs']} (empty {f['empty']},"
-                     f" too long {f['too_long']}, length ratio {f['length_ratio']})")
+                     f" NUL bytes {f.get('nul', 0)}, too long {f['too_long']}, length ratio "
+                     f"{f['length_ratio']})")
         lines.append(line)
     return "\n".join(lines)
