@@ -289,3 +289,21 @@ def test_pad_rows_right_and_left():
     assert right.tolist() == [[5, 6, 7, 9], [9, 9, 9, 9], [8, 9, 9, 9]] and n.tolist() == [3, 0, 1]
     left, _ = pad_rows(rows, extra=0, multiple=4, pad_id=9, left=True)
     assert left.tolist() == [[9, 5, 6, 7], [9, 9, 9, 9], [9, 9, 9, 8]]
+
+
+def test_batch_shapes_counts_fewer_shapes_and_more_padding_for_larger_multiples():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "batch_shapes", Path(__file__).resolve().parents[1] / "benchmarks" / "batch_shapes.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 60, 2000), rng.integers(3, 60, 2000)
+    r1, r8 = (bench.shape_counts(src, tgt, 1024, m, epochs=2) for m in (1, 8))
+    assert r8["distinct_shapes"] < r1["distinct_shapes"]
+    assert r1["padding"] < r8["padding"] < 1
+    assert r8["real_tgt_tokens_per_batch"] < r1["real_tgt_tokens_per_batch"]
+    # every pair is batched once per epoch: real target tokens add up to the corpus's
+    assert abs(r1["real_tgt_tokens_per_batch"] * r1["batches_per_epoch"] - (tgt.sum() + len(tgt))) < 1e-6 * tgt.sum()
