@@ -57,7 +57,8 @@ def timed(cmd: list[str], cpus: str, threads: int) -> tuple[float, float, str]:
 
 def ct2_child(model: str, src: str, out: str, compute_type: str, threads: int, beam: int,
               batch: int) -> int:
-    """The CTranslate2 row's process: what a user's script does (imports counted)."""
+    """The CTranslate2 row's process: what a user's script does (imports counted). A model with
+    one shared sentencepiece model (spm.model, which `aiayn export` copies beside the weights)."""
     import ctranslate2
     import sentencepiece as spm
 

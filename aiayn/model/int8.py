@@ -1,4 +1,13 @@
-"""Int8 weights for decoding on x86 CPUs (`aiayn translate --precision int8`).
+"""Int8 weights for decoding on x86 CPUs (`aiayn translate --precision int8`): dynamic
+quantization as CTranslate2's int8 does it on CPU (int8 weights, activations quantized per row at
+run time, int32 sums), off by default (fp32 is the paper's arithmetic).
+
+Why hand-written: PyTorch's ready-made dynamic quantization (`torch.ao.quantization.
+quantize_dynamic`, `quantized::linear_dynamic`) takes one activation scale per tensor, so a
+sentence's output would depend on the other sentences of its batch; and it does not quantize the
+tied embedding / output projection. The layer below calls fbgemm's int8 GEMM directly with a
+scale per row. (PyTorch marks its quantized tensor types deprecated; fbgemm's packing still takes
+them in the torch this project pins, and tests/test_decoding_int8.py fails where it no longer does.)
 
 Weights. Every linear layer's W (N, K) becomes int8 with one float32 scale per output row,
 symmetric (W ~ Q diag(scale), Q in [-127, 127]), packed once, at conversion, into fbgemm's blocked
@@ -28,6 +37,7 @@ scales (`Int8Embedding`), kept unpacked beside fbgemm's packed copy (V * d_model
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -73,8 +83,13 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
 def _pack(q: Tensor, scale: Tensor):
     """fbgemm's packed form of an int8 (N, K) weight with per-row scales. The quantized engine
     is fbgemm for the packing (the product below is fbgemm's), then back to what it was."""
-    qw = torch._make_per_channel_quantized_tensor(
-        q, scale.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
+    with warnings.catch_warnings():
+        # PyTorch marks its quantized tensor types deprecated; they are still how fbgemm's packed
+        # weights are made, and the warning would reach every `aiayn translate --precision int8`
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation",
+                                category=UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(
+            q, scale.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
     engine = torch.backends.quantized.engine
     torch.backends.quantized.engine = "fbgemm"
     try:
