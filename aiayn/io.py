@@ -24,6 +24,22 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     return p
 
 
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes, streamed; a missing file is a `UserError`."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a file") from None
+    return h.hexdigest()
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make a rename inside `directory` durable (no-op where directories cannot be opened)."""
     with contextlib.suppress(OSError):
@@ -77,40 +93,47 @@ def atomic_replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None
 
 
 def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
-    """Call `fill(tmp)` to populate a fresh temporary sibling directory, fsync its files, give them
-    the user's usual permissions, then put it at `path`. An existing directory at `path` is
-    replaced only once the new one is complete, and is put back if the swap fails."""
+    """Call `fill(tmp)` to populate a fresh temporary sibling directory, then `publish_dir` it at
+    `path`. On any failure the temporary directory is removed and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         fill(tmp)
-        mode = _umask_mode()
-        for f in tmp.iterdir():
-            if f.is_file():
-                os.chmod(f, mode)
-                fd = os.open(f, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
-        fsync_dir(tmp)
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / "d")
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                os.replace(old / "d", path)  # put the previous directory back
-                raise
-            finally:
-                if path.exists():
-                    shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-        fsync_dir(path.parent)
+        return publish_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Put the complete directory `tmp` (a sibling of `path`) at `path`: fsync its files, give
+    them the user's usual permissions, rename. An existing directory at `path` is replaced only
+    then, and is put back if the swap fails."""
+    tmp, path = Path(tmp), Path(path)
+    mode = _umask_mode()
+    for f in tmp.iterdir():
+        if f.is_file():
+            os.chmod(f, mode)
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
+    fsync_dir(tmp)
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        os.replace(path, old / "d")
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(old / "d", path)  # put the previous directory back
+            raise
+        finally:
+            if path.exists():
+                shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
     return path

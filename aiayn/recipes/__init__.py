@@ -1,6 +1,8 @@
 """End-to-end recipes built from the library, each module with its presets beside it:
 `g2p` (CMUdict grapheme-to-phoneme, the demo), `multi30k` (Multi30k translation; the pipeline
-itself is scripts/multi30k.sh). `download` fetches public data sets.
+itself is scripts/multi30k.sh). `download` fetches public data sets with checksums, resumably;
+`wmt14` is where the paper's WMT 2014 data is and how it unpacks (its recipe is scripts/wmt14.sh,
+its presets the paper's own, in aiayn/config.py).
 
 A recipe's presets are a `PRESETS` dict in its module, each a small delta of its parent; the
 modules listed in `RECIPE_MODULES` are where `aiayn.config.get_preset` looks after the paper's.
