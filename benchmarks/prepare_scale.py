@@ -11,6 +11,10 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
   wall time and peak RSS, and, in a probe process, what opening the dataset and planning the
   first epoch's batches cost (seconds, and peak bytes traced by tracemalloc), this tree's
   `TokenBatchSampler` against the peer revision's.
+- with `--zipf-pairs N` (default 1M, the default `--vocab-sample`): the vocabulary stage alone
+  on N synthetic pairs whose words follow Zipf's law over a million word types (WMT 2014 EN-DE
+  has about that many per language), 37,000 pieces: what learning the vocabulary costs on text
+  as varied as WMT's, which resampled Multi30k is not.
 Prints a table and writes JSON; deletes the corpora and datasets at the end unless `--keep`.
 
     flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/prepare_scale.py
@@ -182,6 +186,42 @@ def train_startup(ds: Path, run: Path, env: dict, log: Path) -> dict:
     return {k: v for k, v in r.items() if k != "log"}
 
 
+ZIPF_PROBE = r"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from aiayn.data.tokenizer import train_tokenizers
+n, types = int(sys.argv[2]), 1_000_000
+rng = np.random.default_rng(0)
+letters = np.array(list("abcdefghijklmnopqrstuvwxyzäöüéèàç"))
+# word types: frequent ones short, as in natural text; ranks drawn with p ~ 1/rank
+lengths = np.clip((np.log(np.arange(1, types + 1)) / 1.3).astype(int) + rng.integers(1, 4, types), 1, 18)
+words = ["".join(rng.choice(letters, k)) for k in lengths]
+cdf = np.cumsum(1.0 / np.arange(1, types + 1)); cdf /= cdf[-1]
+def sentences(m):
+    out = []
+    for lens in np.array_split(rng.integers(5, 45, m), max(1, m // 100_000)):
+        ids = np.searchsorted(cdf, rng.random(int(lens.sum())))
+        pos = 0
+        for k in lens:
+            out.append(" ".join(words[i] for i in ids[pos:pos + k])); pos += k
+    return out
+src, tgt = sentences(n), sentences(n)
+distinct = len(set(w for s in src[:200_000] for w in s.split()))
+t = time.perf_counter()
+tok, _ = train_tokenizers(src, tgt, 37000)
+print(json.dumps({"pairs": n, "seconds": time.perf_counter() - t, "pieces": tok.vocab_size,
+                  "distinct_words_in_200k_sentences": distinct}))
+"""
+
+
+def zipf_vocab(n: int, env: dict, log: Path) -> dict:
+    """The vocabulary stage on n synthetic Zipfian pairs, in its own process (peak memory)."""
+    r = run_measured([sys.executable, "-c", ZIPF_PROBE, str(ROOT), str(n)], env, log)
+    out = json.loads(r["log"][-1][1])
+    return {**out, "process_seconds": r["seconds"], "peak_main_rss_gb": r["peak_main_rss_gb"]}
+
+
 def peer_tree(ref: str, into: Path) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True).stdout
@@ -196,12 +236,15 @@ def main() -> int:
     ap.add_argument("--peer-sizes", type=int, nargs="*", default=[300_000, 3_000_000])
     ap.add_argument("--peer-ref", default="main", help="git revision of the peer (default main)")
     ap.add_argument("--workers", type=int, default=None, help="--workers for this tree's prepare")
-    ap.add_argument("--multi30k", default=str(MULTI30K), help="directory with train.{en,de}.gz, val.*")
+    ap.add_argument("--multi30k", default=None, help="directory with train.{en,de}.gz, val.* "
+                    "(default: the shared data beside the repository)")
+    ap.add_argument("--zipf-pairs", type=int, default=1_000_000,
+                    help="pairs for the vocabulary stage on Zipfian text (0: skip)")
     ap.add_argument("--json", default=None, help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the corpora and datasets")
     args = ap.parse_args()
     global MULTI30K
-    MULTI30K = Path(args.multi30k)
+    MULTI30K = Path(args.multi30k) if args.multi30k else MULTI30K
     root = Path(args.root)
     if ROOT in root.resolve().parents or root.resolve() == ROOT:
         raise SystemExit("--root must be outside the repository")
@@ -238,12 +281,19 @@ def main() -> int:
                       f"{row['train_startup']['peak_main_rss_gb']:.2f} GB; probe {row['probe']}", flush=True)
                 results["sizes"][n] = row
                 shutil.rmtree(root / f"run-{n}", ignore_errors=True)
+            if args.zipf_pairs:
+                results["zipf_vocab"] = zipf_vocab(args.zipf_pairs, env, root / "zipf-vocab.log")
+                print(f"vocabulary on {args.zipf_pairs:,} Zipfian pairs: {results['zipf_vocab']}", flush=True)
         finally:
             if not args.keep:
                 for n in args.sizes:
                     shutil.rmtree(root / f"corpus-{n}", ignore_errors=True)
                     shutil.rmtree(root / f"ds-{n}", ignore_errors=True)
     report(results, args.peer_ref)
+    if "zipf_vocab" in results:
+        z = results["zipf_vocab"]
+        print(f"vocabulary stage, {z['pairs']:,} Zipfian pairs, {z['pieces']} pieces: {z['seconds']:.0f} s "
+              f"(process peak RSS {z['peak_main_rss_gb']:.2f} GB)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

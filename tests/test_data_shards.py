@@ -122,14 +122,14 @@ def test_vocabulary_from_a_sample(raw, tmp_path):
     whole = prepare_dataset(tmp_path / "whole", sp, options(vocab_sample=0), progress=False)
     assert prepare_dataset(tmp_path / "big", sp, options(vocab_sample=200), progress=False
                            ).manifest["fingerprint"] == whole.manifest["fingerprint"]  # 200 pairs: no sample
-    sampled = prepare_dataset(tmp_path / "s", sp, options(vocab_sample=120, vocab_size=300), progress=False)
+    sampled = prepare_dataset(tmp_path / "s", sp, options(vocab_sample=120, vocab_size=400), progress=False)
     assert sampled.manifest["splits"]["train"]["vocab_sample"] == 120
     # the vocabulary is the one sentencepiece learns from the sampled pairs with no empty side
     r = PairReservoir(120)
     src, tgt = raw["train"]
     r.add(src, tgt)
     s, t = zip(*[(a, b) for a, b in zip(*r.pairs()) if a.strip() and b.strip()])
-    ref = Tokenizer.train(list(s) + list(t), 300)
+    ref = Tokenizer.train(list(s) + list(t), 400)
     assert load_dataset_dir(tmp_path / "s").src_tokenizer.model_proto == ref.model_proto
     assert sampled.manifest["splits"]["train"]["input_pairs"] == 200  # every pair is still encoded
 

@@ -125,7 +125,8 @@ def test_the_download_feeds_prepare(tmp_path):
     sp = {"train": ParallelSource(out / "train.en", out / "train.de"),
           "valid": ParallelSource(out / "newstest2013.en", out / "newstest2013.de"),
           "test": ParallelSource(out / "newstest2014.en", out / "newstest2014.de")}
-    prepare_dataset(tmp_path / "ds", sp, PrepareOptions("en", "de", vocab_size=60, model_type="char"),
+    chars = set("".join(expected["train.en"] + expected["train.de"]))  # a character vocabulary
+    prepare_dataset(tmp_path / "ds", sp, PrepareOptions("en", "de", vocab_size=len(chars) + 4, model_type="char"),
                     progress=False)
     test = ParallelDataset(tmp_path / "ds", "test")
     assert test.reference_lines() == expected["newstest2014.de"]
