@@ -1,7 +1,8 @@
 """The `aiayn` command line: one subcommand per step of the recipe.
 
 Each subcommand lives in `aiayn/commands/<name>.py` with `add_arguments(parser)` and
-`main(args) -> int`. A `UserError` becomes one line on stderr and exit status 2, no traceback.
+`main(args) -> int`. A `UserError`, or an I/O failure (a full disk, a read-only directory), becomes
+one line on stderr and exit status 2, no traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import sys
 
 from aiayn.errors import UserError
+from aiayn.io import io_failure
 from aiayn.memory import restart_with_allocator, tune_memory
 
 # name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
@@ -21,10 +23,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train a model on a prepared dataset"),
     "average": ("average", "average the parameters of the last N checkpoints"),
     "translate": ("translate", "translate text with a trained model"),
+    "attention": ("attention", "draw a model's attention for a sentence (heatmaps, lines, HTML)"),
+    "plot": ("plot", "plot positional encodings, the learning-rate schedule, training curves"),
+    "serve": ("serve", "translate over HTTP: an API with dynamic batching and a web page"),
     "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
     "export": ("export", "convert a model for another inference engine (CTranslate2)"),
+    "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
+    "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
+    "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
+    "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
 }
 
 
@@ -67,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:  # a disk that filled up, a directory that is not writable: one line
+        line = io_failure(e)
+        if line is None:
+            raise
+        print(f"aiayn {args.command}: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,11 +11,16 @@ variants get new names, and a retired name fails with an error naming its succes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from aiayn.errors import UserError
+from aiayn.io import check_schema, read_json
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,11 @@ class Config:
     # "pre" applies LayerNorm before each sub-layer, x + Sublayer(LN(x)), plus a final LayerNorm on
     # each stack (Wang et al. 2019); trains more stably deep, but is not the paper's post-norm.
     norm: Literal["post", "pre"] = "post"
-    # Restricted self-attention (Table 1): each position attends only to positions within r of it
-    # (encoder: |i - j| <= r; decoder: i - r <= j <= i). None means unrestricted, as the paper trained.
+    # Restricted self-attention (Table 1): each position attends only to positions within r of it.
+    # r counts the keys on ONE side: an encoder query i sees |i - j| <= r, a neighbourhood of 2r + 1
+    # positions; a decoder query sees i - r <= j <= i, r + 1 positions. Computed banded (only each
+    # query's window, O(r n d) time and memory; aiayn.model.banded), and the decoding cache keeps
+    # only the last r + 1 keys. None means unrestricted, as the paper trained.
     attn_window: int | None = None
     # Biases on the Q/K/V/O projections. The paper writes them as bias-free matrices W^Q, W^K, W^V,
     # W^O (§3.2.2); fairseq and Marian add biases.
@@ -60,6 +68,16 @@ class Config:
     # With untied source/target embeddings, still tie the target embedding to the output layer.
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
+
+    # --- another architecture, not the paper's: off by default ----------------------------------
+    # "rnn" is the attention-based RNN encoder-decoder the paper compares against (Bahdanau et al.
+    # 2015, aiayn.model.rnn): a bidirectional GRU encoder, additive attention, a GRU decoder. It
+    # reads only the rnn_* sizes below (plus vocabularies, p_drop and the tying flags); the
+    # Transformer's sizes are ignored. Defaults are Bahdanau et al.'s RNNsearch sizes.
+    arch: Literal["transformer", "rnn"] = "transformer"
+    rnn_emb: int = 620  # word embedding size (also the maxout readout's output size)
+    rnn_hidden: int = 1000  # GRU units: per encoder direction, and the decoder's state
+    rnn_attn: int = 1000  # hidden size of the additive alignment model
 
     # --- training, §5 ------------------------------------------------------------------------
     eps_ls: float = 0.1  # label smoothing (§5.4)
@@ -91,8 +109,17 @@ class Config:
         def bad(msg: str) -> UserError:
             return UserError(f"invalid config: {msg}")
 
+        # every field against its annotation first (a config.json may hold anything)
+        for name, kind in _field_kinds().items():
+            v = getattr(self, name)
+            check_schema(v, kind, "invalid config", name)
+            if _admits_float(kind) and v is not None:
+                if not math.isfinite(v):
+                    raise bad(f"{name} must be finite, got {v}")
+                object.__setattr__(self, name, float(v))  # JSON writes 0.0 as 0
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions", "warmup_steps",
-                     "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple"):
+                     "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple", "rnn_emb",
+                     "rnn_hidden", "rnn_attn"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.vocab_size < 0 or self.tgt_vocab_size < 0:
@@ -108,10 +135,6 @@ class Config:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
-        if self.norm not in ("post", "pre"):
-            raise bad(f"norm must be 'post' or 'pre', got {self.norm!r}")
-        if self.positions not in ("sinusoidal", "learned"):
-            raise bad(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
         if self.tgt_vocab_size and self.tgt_vocab_size != self.vocab_size and self.tie_embeddings:
             raise bad("separate source and target vocabularies need tie_embeddings=False")
         if not (0.0 < self.adam_beta1 < 1.0 and 0.0 < self.adam_beta2 < 1.0):
@@ -143,10 +166,16 @@ class Config:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Config":
+    def from_dict(cls, d: Any, where: str = "config") -> "Config":
+        """A config from parsed JSON (a config.json); every error names `where` and the field."""
+        if not isinstance(d, dict):
+            raise UserError(f"{where}: expected a JSON object of config fields")
         d = {k: v for k, v in d.items() if k not in RETIRED_FIELDS}
-        _check_known(d, "invalid config")
-        return cls(**d)
+        _check_known(d, f"{where}: invalid config")
+        try:
+            return cls(**d)
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
 
     def architecture_changes(self, other: "Config") -> list[str]:
         """The `ARCH_FIELDS` in which `other` differs from this config, as 'name: a -> b'."""
@@ -179,11 +208,33 @@ class Config:
 # cannot be averaged or resumed into one another. The rest (recipe, decoding) may differ.
 ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
                "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
-               "tie_embeddings", "tie_output", "layer_norm_eps")
+               "tie_embeddings", "tie_output", "layer_norm_eps", "arch", "rnn_emb", "rnn_hidden",
+               "rnn_attn")
 
 # Training-only fields of earlier versions, ignored when a saved config.json still has them (they
 # never shaped the network, so such a model loads and decodes as it did).
 RETIRED_FIELDS = ("p_bpe_drop",)
+
+
+@functools.cache
+def _field_kinds() -> dict[str, Any]:
+    """Each field's annotation as an `aiayn.io.check_schema` schema: int, float, bool, str,
+    a Literal's values, and `X | None` as alternatives."""
+
+    def kind(hint: Any) -> Any:
+        origin = typing.get_origin(hint)
+        if origin is Literal:
+            return frozenset(typing.get_args(hint))
+        if origin in (typing.Union, types.UnionType):
+            return tuple(kind(a) for a in typing.get_args(hint))
+        return None if hint is type(None) else hint
+
+    hints = typing.get_type_hints(Config)
+    return {f.name: kind(hints[f.name]) for f in fields(Config)}
+
+
+def _admits_float(kind: Any) -> bool:
+    return kind is float or (isinstance(kind, tuple) and float in kind)
 
 
 def _check_known(d: dict[str, Any], where: str) -> None:
@@ -279,17 +330,14 @@ def load_config(preset: str | None = None, config_file: str | None = None,
     then `name=value` overrides, then `fixed` fields set by the caller (e.g. vocab_size from data)."""
     cfg = get_preset(preset or "base")
     if config_file:
-        try:
-            with open(config_file, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise UserError(f"config file not found: {config_file}") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{config_file}:{e.lineno}: not valid JSON ({e.msg})") from None
+        data = read_json(config_file)
         if not isinstance(data, dict):
             raise UserError(f"{config_file}: expected a JSON object of config fields")
         _check_known(data, config_file)
-        cfg = replace(cfg, **data)
+        try:
+            cfg = replace(cfg, **data)
+        except UserError as e:
+            raise UserError(f"{config_file}: {e}") from None
     if overrides:
         cfg = cfg.with_overrides(overrides)
     if fixed:

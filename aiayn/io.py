@@ -1,19 +1,43 @@
-"""Atomic file output and overwrite protection.
+"""Safe file output and input: atomic writes, temporary names that say whose they are, exclusive
+locks on outputs, I/O failures as one-line errors, and checks of what is read back.
 
-Every file aiayn writes goes through `atomic_write` (temporary file in the same directory, fsync,
-rename): a crash at any instant leaves either the old file or the new one, never a torn one.
+- Atomic outputs: `atomic_write` (a file) and `write_dir_atomically` (a directory) write a hidden
+  temporary sibling, fsync it and rename it into place: a crash at any instant leaves either the
+  old output or the new one, never a torn one. `publish_dir` puts a directory written elsewhere
+  beside the output (a resumable work directory) in place the same way.
+- Temporary names carry the writer's PID and host (`temp_path`): `.NAME.PID@HOST.RANDOM.tmp`. The
+  writers above, and `remove_stale_temporaries`, delete those whose process is gone, so a killed
+  command leaves nothing behind for long.
+- Locks: `exclusive_lock(target)` holds an OS lock (flock) on the hidden sibling `.NAME.lock` for as
+  long as a command writes `target`; a second command is refused with a line naming the holder's
+  PID; the kernel releases the lock when its holder ends, however it ends.
+- I/O failures (disk full, read-only directory, permission denied) inside the writers become an
+  `OutputError` (a `UserError`): one line saying what, where and what to do.
+- Reading: `read_json` reads a JSON file and checks it against a small schema (`check_schema`):
+  a one-line error names the file and the field.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
+import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
-from aiayn.errors import UserError
+from aiayn.errors import OutputError, UserError
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: locks are not taken
+    fcntl = None  # type: ignore[assignment]
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -25,18 +49,11 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes, streamed; a missing file is a `UserError`."""
-    import hashlib
-
+    """SHA-256 of a file's bytes, streamed; a missing or unreadable file is a one-line `UserError`."""
     h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(chunk):
-                h.update(block)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a file") from None
+    with reading(path), open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
     return h.hexdigest()
 
 
@@ -56,63 +73,211 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+# --- I/O failures as one line ------------------------------------------------------------------
+
+# What to do about the usual reasons a write fails.
+_REMEDY = {
+    errno.ENOSPC: "free some disk space",
+    errno.EDQUOT: "free some space within your disk quota",
+    errno.EFBIG: "raise this process's file size limit (ulimit -f)",
+    errno.EACCES: "check the permissions or write somewhere else",
+    errno.EPERM: "check the permissions or write somewhere else",
+    errno.EROFS: "write somewhere else (the file system is read-only)",
+}
+
+
+def io_error_code(exc: BaseException) -> int | None:
+    """The OS error number behind `exc`: an OSError's, or one a library names in its message
+    (safetensors reports Rust's `... (os error 28)`); None when `exc` is no I/O failure."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    m = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)|\[Errno (\d+)\]", str(exc))
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
+def output_error(path: str | os.PathLike, exc: BaseException,
+                 then: str = "run the command again") -> OutputError | None:
+    """The one-line error for a failed write of `path` (what, where, the remedy, then `then`), or
+    None when `exc` is not an I/O failure."""
+    code = io_error_code(exc)
+    if code is None:
+        return None
+    reason = os.strerror(code)
+    culprit = getattr(exc, "filename", None)
+    if culprit and Path(culprit) != Path(path) and not any(_TEMP.match(part) for part in Path(culprit).parts):
+        reason += f" ({culprit})"  # not the output itself: e.g. an input the writer was copying
+    return OutputError(path, reason, _REMEDY.get(code, "fix the cause"), then)
+
+
+def io_failure(exc: BaseException) -> str | None:
+    """One line for an I/O failure anywhere (the command line's last resort, where no writer
+    named its output), or None when `exc` is no I/O failure."""
+    code = io_error_code(exc)
+    if code is None:
+        return None
+    where = getattr(exc, "filename", None)
+    line = f"{where}: {os.strerror(code)}" if where else os.strerror(code)
+    return f"{line}; {_REMEDY[code]}, then run the command again" if code in _REMEDY else line
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, then: str = "run the command again") -> Iterator[None]:
+    """Turn an I/O failure inside the block into an `OutputError` naming `path`; anything else
+    (a bug, a `UserError`) passes unchanged."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        err = output_error(path, e, then)
+        if err is None:
+            raise
+        raise err from None
+
+
+# --- temporary names carrying their writer -----------------------------------------------------
+
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)@(?P<host>[0-9a-f]{8})\.[0-9a-f]+\.(?P<kind>tmp|old)$")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one `temp_path` makes (of any process)."""
+    return _TEMP.match(name) is not None
+
+
+def temp_path(target: str | os.PathLike, kind: str = "tmp", pid: int | None = None) -> Path:
+    """A fresh hidden sibling name of `target` that says which process (default: this one) wrote
+    it: `.NAME.PID@HOST.RANDOM.tmp` (kind "old": a previous version set aside during a swap)."""
+    t = Path(target)
+    return t.parent / f".{t.name}.{pid or os.getpid()}@{_HOST}.{secrets.token_hex(4)}.{kind}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (a PID reused since errs on the safe side)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, link or directory tree; a link is removed, never followed."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def delete_atomically(path: str | os.PathLike) -> None:
+    """Delete a file or directory tree so that nobody ever sees it half-deleted: rename it to a
+    temporary name first (one atomic step), then delete that (which a kill may interrupt:
+    `remove_stale_temporaries` finishes the job). A link is removed, never followed."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        return
+    doomed = temp_path(p)
+    try:
+        os.replace(p, doomed)
+    except FileNotFoundError:
+        return
+    _remove(doomed)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the temporaries (of output `name` only, if given) that processes now gone left in
+    `directory`; returns what was removed. A previous version set aside by an interrupted swap is
+    put back where its output is missing. Temporaries of live processes, of other machines and
+    other hidden files are never touched."""
+    d = Path(directory)
+    removed: list[Path] = []
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if (not m or m["host"] != _HOST or (name is not None and m["name"] != name)
+                or int(m["pid"]) == os.getpid() or process_alive(int(m["pid"]))):
+            continue
+        target = d / m["name"]
+        if m["kind"] == "old" and not os.path.lexists(target):
+            with contextlib.suppress(OSError):
+                os.replace(entry, target)
+                continue
+        _remove(entry)
+        removed.append(entry)
+    return removed
+
+
+# --- atomic writers ----------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary sibling of `path` for writing; on success fsync and rename it over `path`.
 
-    On an exception the temporary file is removed and `path` is untouched.
+    On an exception the temporary file is removed and `path` is untouched; an I/O failure (disk
+    full, no permission) becomes a one-line `OutputError`.
     """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.chmod(tmp, _umask_mode())  # mkstemp makes 0600; outputs get the user's usual mode
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        fsync_dir(p.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with writing(p):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(p.parent, p.name)
+        tmp = temp_path(p)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _umask_mode())
+        try:
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+            fsync_dir(p.parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def atomic_replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """fsync an already written temporary file and rename it over `path` (for libraries that
-    write files themselves, e.g. safetensors)."""
-    fd = os.open(tmp, os.O_RDONLY)
+    """fsync an already written temporary file (name it with `temp_path(path)`) and rename it over
+    `path` (for libraries that write files themselves, e.g. downloads)."""
+    with writing(path):
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
+        fsync_dir(Path(path).parent)
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where the
+    system or file system cannot."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, _umask_mode())
-    os.replace(tmp, path)
-    fsync_dir(Path(path).parent)
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
-def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
-    """Call `fill(tmp)` to populate a fresh temporary sibling directory, then `publish_dir` it at
-    `path`. On any failure the temporary directory is removed and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        fill(tmp)
-        return publish_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Put the complete directory `tmp` (a sibling of `path`) at `path`: fsync its files, give
-    them the user's usual permissions, rename. An existing directory at `path` is replaced only
-    then, and is put back if the swap fails."""
-    tmp, path = Path(tmp), Path(path)
-    mode = _umask_mode()
-    for f in tmp.iterdir():
+def _fsync_files(directory: Path, mode: int) -> None:
+    for f in directory.iterdir():
         if f.is_file():
             os.chmod(f, mode)
             fd = os.open(f, os.O_RDONLY)
@@ -120,20 +285,229 @@ def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
-    fsync_dir(tmp)
-    if path.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-        os.replace(path, old / "d")
+
+
+def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
+    """Call `fill(tmp)` to populate a fresh temporary sibling directory, then put it at `path`
+    (`publish_dir`). On any failure the temporary directory is removed, an I/O failure becomes a
+    one-line `OutputError`, and whatever was at `path` stays."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path.parent, path.name)
+        tmp = temp_path(path)
+        os.mkdir(tmp, 0o700)
         try:
-            os.replace(tmp, path)
+            fill(tmp)
+            publish_dir(tmp, path)
         except BaseException:
-            os.replace(old / "d", path)  # put the previous directory back
+            _remove(tmp)
             raise
-        finally:
-            if path.exists():
-                shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    fsync_dir(path.parent)
     return path
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Put the complete directory `tmp` (a sibling of `path`; `write_dir_atomically`'s temporary,
+    or a resumable work directory such as `aiayn prepare`'s) at `path`: fsync its files, give them
+    the user's usual permissions, rename. An existing directory at `path` is replaced in one atomic
+    swap (or, where the system cannot swap, set aside and put back if the rename fails;
+    `remove_stale_temporaries` restores it after a kill). An I/O failure becomes a one-line
+    `OutputError`, and whatever was at `path` stays. A directory not named by `temp_path` is
+    renamed to such a name first, so that the previous version, which the swap leaves under it,
+    is a temporary that `remove_stale_temporaries` deletes should a kill interrupt its removal."""
+    tmp, path = Path(tmp), Path(path)
+    with writing(path):
+        if not is_temporary(tmp.name):
+            staged = temp_path(path)
+            os.replace(tmp, staged)
+            tmp = staged
+        mode = _umask_mode()
+        _fsync_files(tmp, mode)
+        os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
+        fsync_dir(tmp)
+        if not os.path.lexists(path):
+            os.replace(tmp, path)
+        elif _exchange(tmp, path):
+            _remove(tmp)  # the previous version, now under the temporary name
+        else:
+            old = temp_path(path, "old")
+            os.replace(path, old)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)  # put the previous version back
+                raise
+            _remove(old)
+        fsync_dir(path.parent)
+    return path
+
+
+# --- exclusive locks on outputs ----------------------------------------------------------------
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of output `target`: its hidden sibling `.NAME.lock`."""
+    t = Path(target)
+    return t.parent / f".{t.name}.lock"
+
+
+def _holder(lock: Path) -> str:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        text = lock.read_text(encoding="utf-8").strip()
+        if text:
+            pid, _, who = text.partition(" ")
+            return f"{who or 'another process'} (PID {pid})"
+    return "another process"
+
+
+def _open_locked(lock: Path) -> int | None:
+    """Open `lock` and take its flock without waiting: the descriptor, or None when another
+    process holds it. A lock file is deleted by its holder on release, so after locking check that
+    the file is still the one at `lock` (else it was released and deleted meanwhile: try again)."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, _umask_mode())
+        if fcntl is None:
+            return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        mine = os.fstat(fd)
+        try:
+            now = os.stat(lock)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(target: str | os.PathLike, owner: str = "aiayn",
+                   advice: str = "wait for it to finish, or choose another output") -> Iterator[Path]:
+    """Hold an exclusive OS lock on output `target` (a file or directory, which need not exist)
+    for the block; refuse at once, with a line naming the holder's PID, when another process holds
+    it. `owner` (e.g. "aiayn train") is recorded for that message. The lock is the kernel's: it
+    ends with its process, however that process ends. Once held, the temporaries of `target` that
+    dead processes left are removed. The lock file is deleted on release (a killed holder's stays,
+    unlocked, until the next command on `target`)."""
+    t = Path(target)
+    lock = lock_path(t)
+    with writing(t):
+        t.parent.mkdir(parents=True, exist_ok=True)
+        fd = _open_locked(lock)
+    if fd is None:
+        raise UserError(f"{t} is in use by {_holder(lock)}; {advice}")
+    try:
+        with writing(t):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
+        remove_stale_temporaries(t.parent, t.name)  # what a killed earlier writer left
+        yield lock
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # while still holding it: see _open_locked
+        os.close(fd)
+
+
+# --- reading and checking ----------------------------------------------------------------------
+
+OPTIONAL = "?"  # a schema key starting with it may be absent
+
+
+def _describe(kind: Any) -> str:
+    if kind is None:
+        return "null"
+    if isinstance(kind, tuple):
+        return " or ".join(_describe(k) for k in kind)
+    if isinstance(kind, frozenset):
+        return "one of " + ", ".join(sorted(repr(v) for v in kind))
+    if isinstance(kind, dict):
+        return "an object"
+    if isinstance(kind, list):
+        return "a list"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            dict: "an object", list: "a list"}.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def _matches(value: Any, kind: Any) -> bool:
+    if kind is None:
+        return value is None
+    if isinstance(kind, tuple):
+        return any(_matches(value, k) for k in kind)
+    if isinstance(kind, frozenset):
+        return any(value == v and type(value) is type(v) for v in kind)
+    if isinstance(kind, dict):
+        return isinstance(value, dict)
+    if isinstance(kind, list):
+        return isinstance(value, (list, tuple))
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def check_schema(value: Any, schema: Any, where: str, field: str = "") -> None:
+    """Check `value` (parsed JSON, or a torch-loaded state) against `schema`; raise a one-line
+    UserError naming `where` and the field (dotted path) that is wrong. A schema is:
+    a type (`int` excludes bool, `float` admits int), `None`, a tuple of alternatives, a frozenset
+    of allowed values, a list `[item schema]`, or a dict `{key: schema}` whose keys are required
+    unless they start with "?", or `{str: schema}` for an object of any keys. Keys a schema does
+    not name are allowed (later versions may add fields)."""
+    label = f"field {field!r}" if field else "the content"
+    alternatives = schema if isinstance(schema, tuple) else (schema,)
+    if not any(_matches(value, k) for k in alternatives):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise UserError(f"{where}: {label} must be {_describe(schema)}, got {shown}")
+    for kind in alternatives:  # descend into the container alternative that matched
+        if isinstance(kind, dict) and isinstance(value, dict):
+            for key, sub in kind.items():
+                if key is str:
+                    for k, v in value.items():
+                        check_schema(v, sub, where, f"{field}.{k}" if field else str(k))
+                    continue
+                optional = key.startswith(OPTIONAL)
+                name = key[1:] if optional else key
+                path = f"{field}.{name}" if field else name
+                if name not in value:
+                    if not optional:
+                        raise UserError(f"{where}: field {path!r} is missing")
+                    continue
+                check_schema(value[name], sub, where, path)
+        elif isinstance(kind, list) and isinstance(value, (list, tuple)) and kind:
+            for i, v in enumerate(value):
+                check_schema(v, kind[0], where, f"{field}[{i}]")
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike, what: str = "a file") -> Iterator[None]:
+    """Turn the usual failures to open `path` for reading (missing, a directory, no permission)
+    into one-line UserErrors naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected {what}") from None
+    except PermissionError:
+        raise UserError(f"{path}: permission denied") from None
+
+
+def read_json(path: str | os.PathLike, schema: Any = None) -> Any:
+    """Parse the JSON file `path` and check it against `schema`; every problem (missing,
+    unreadable, not UTF-8, not JSON, a wrong field) is a one-line UserError naming the file."""
+    p = Path(path)
+    try:
+        with reading(p, "a JSON file"):
+            data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise UserError(f"{p}: JSON nested too deeply") from None
+    if schema is not None:
+        check_schema(data, schema, str(p))
+    return data

@@ -1,35 +1,27 @@
 """Process-wide CPU memory settings that keep a training run from page-faulting its time away.
 
 PyTorch's CPU allocator hands every tensor to the C library's malloc and back on every step. With
-glibc's defaults a training step of `multi30k` faulted in ~56,000 fresh 4 KiB pages: freed memory
-went back to the kernel (glibc trims the heap top and mmaps the largest tensors) and was faulted in
-again on the next step. Two settings remove most of it:
+glibc's defaults, freed memory goes back to the kernel (glibc trims the heap top and mmaps the
+largest tensors) and is faulted in again on the next step. Two settings keep it in the process:
 
-  - glibc keeps freed memory in the process (no trimming, a 256 MiB pad when the heap grows, a
-    fixed 32 MiB threshold for mmapping one allocation) so steady-state steps reuse warm pages;
-  - PyTorch backs allocations of 2 MiB and more with transparent huge pages (THP_MEM_ALLOC_ENABLE;
-    512x fewer faults for the rest, fewer TLB misses).
+  - glibc keeps freed memory (no trimming, a 256 MiB pad when the heap grows, a fixed 32 MiB
+    threshold for mmapping one allocation), so steady-state steps reuse warm pages;
+  - PyTorch backs allocations of 2 MiB and more with transparent huge pages
+    (THP_MEM_ALLOC_ENABLE: 512x fewer faults for those, fewer TLB misses).
 
-Measured on this repo's CPU machine (2 cores, `benchmarks/bench_memory.py`): 25x fewer page
-faults and 14-20% more training tokens/s, from the first minute to the last of an hour's run (the
-slow decline of tokens/s over a long run is something else: it remains, in the same proportion).
-The `aiayn` command applies them at startup; Python API users call `tune_memory()` before the
-first `import torch`. `AIAYN_TUNE_MEMORY=0` turns them off. They change speed and memory only,
-never results.
-
-The slow decline was glibc itself. Tensor sizes change with every batch shape, and glibc's heap
-fills with free chunks of every size between the live ones: an hour of `multi30k` ended with a
-3 GB heap of which 2 GB was free, in ~3,700 separate chunks, and glibc serves a large request by
-walking its free chunks in size order, so `malloc` grew from 3% to 8% of the process's samples
-(perf) while the other thread spun waiting, and steps slowed from 0.59 to 0.70 s. mimalloc
-(Microsoft's allocator; size classes instead of one best-fit list) has no such decline and is
-faster from the first step: 0.49 s per `multi30k` step against 0.59, with 2.2 GB resident
-instead of 3.5. The `aiayn` command therefore re-executes itself once at startup with mimalloc
+The allocator is the second part. Batches of variable length give tensors of ever new sizes, and
+glibc's best-fit heap fills with free chunks of every size between the live ones, so large
+requests get slower as a run goes on. mimalloc (size classes instead of one best-fit list) does not
+fragment that way, so the `aiayn` command re-executes itself once at startup with mimalloc
 preloaded (`LD_PRELOAD`; the `cmeel-mimalloc` wheel, a dependency on Linux), keeping freed memory
-in the process as above (`MIMALLOC_PURGE_DELAY=-1`) and on huge pages where the kernel allows.
-`AIAYN_ALLOCATOR=system` keeps the C library's malloc. A different allocator places tensors at
-different addresses, and oneDNN's kernels may then round differently: losses agree to ~1e-3 after
-hundreds of steps, not bit for bit (a run and its `--resume` stay on one allocator).
+in the process as above (`MIMALLOC_PURGE_DELAY=-1`). `AIAYN_ALLOCATOR=system` keeps the C
+library's malloc; `AIAYN_TUNE_MEMORY=0` turns the glibc and huge-page settings off. Python API
+users call `tune_memory()` before the first `import torch` (and preload mimalloc themselves).
+
+These settings change speed and memory only. A different allocator places tensors at other
+addresses, where oneDNN's kernels may round differently: runs agree to ~1e-3 in loss after
+hundreds of steps, not bit for bit (a run and its `--resume` stay on one allocator). What each
+setting gains, measured, with the commands: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Install into ./.venv if needed, then run the default test suite (slow tests excluded; add
-# `-m slow` to run those, or any other pytest arguments).
+# Install into ./.venv if needed, then run the whole test suite (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -45,7 +45,7 @@ def same_pairs(a: ParallelDataset, b: ParallelDataset) -> None:
         assert all(np.array_equal(x, y) for x, y in zip(a[i], b[i])), i
     rng = np.random.default_rng(1)
     for _ in range(5):
-        idx = rng.choice(len(a), 17, replace=False)
+        idx = rng.choice(len(a), min(17, len(a)), replace=False)
         ca, cb = collate(a, idx), collate(b, idx)
         assert all(torch_equal(getattr(ca, f), getattr(cb, f)) for f in ("src", "tgt_in", "tgt_out"))
 

@@ -19,7 +19,7 @@ from aiayn.cli import main as cli_main
 from aiayn.decoding import greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
-from aiayn.model import Transformer
+from aiayn.model import build_model
 from aiayn.model.io import load_model, save_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -159,6 +159,7 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
 @pytest.mark.parametrize("overrides, option", [
     (dict(attn_window=2), "attn_window"),
     (dict(d_k=16, d_v=8), "d_v=8"),
+    (dict(arch="rnn", rnn_emb=8, rnn_hidden=8, rnn_attn=8), "arch='rnn'"),
 ])
 def test_unsupported_options_are_user_errors(model_dir, tmp_path, capsys, overrides, option):
     from aiayn.model.export_ct2 import check_exportable
@@ -168,7 +169,7 @@ def test_unsupported_options_are_user_errors(model_dir, tmp_path, capsys, overri
         check_exportable(cfg)
     # Through the CLI: one line, exit status 2, nothing written.
     torch.manual_seed(0)
-    bad = save_model(tmp_path / "bad", Transformer(cfg), cfg, {"spm.model": model_dir / "spm.model"})
+    bad = save_model(tmp_path / "bad", build_model(cfg), cfg, {"spm.model": model_dir / "spm.model"})
     assert cli_main(["export", "--format", "ctranslate2", str(bad), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert option in err and "\n" not in err

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli_main
+from aiayn import io
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, save_model
 from aiayn.model.transformer import Transformer
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.average import average_checkpoints, average_state_dicts
-from training_fixtures import MICRO, tiny_dataset
+from training_fixtures import MICRO, dead_pid, tiny_dataset, trainer_state
 
 
 def test_average_of_two_known_state_dicts():
@@ -87,7 +88,7 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     w = Transformer(cfg).state_dict()
     for step in (1, 2, 3, 4):
         ckpt.save_checkpoint(tmp_path, step, w, cfg, spm, {"step": step},
-                             ckpt.new_trainer_state(step=step), keep=3)
+                             trainer_state(step), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     assert os.readlink(tmp_path / "last") == "checkpoints/step_000004"
     assert ckpt.latest_resumable(tmp_path) == ckpt.step_dir(tmp_path, 4)
@@ -101,11 +102,13 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     with monkeypatch.context() as m:
         m.setattr(torch, "save", boom)
         with pytest.raises(KeyboardInterrupt):
-            ckpt.save_checkpoint(tmp_path, 5, w, cfg, spm, {}, ckpt.new_trainer_state(step=5), keep=3)
+            ckpt.save_checkpoint(tmp_path, 5, w, cfg, spm, {}, trainer_state(5), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     assert ckpt.latest_resumable(tmp_path) == ckpt.step_dir(tmp_path, 4)
-    # a leftover temporary directory (as after SIGKILL) is never taken for a checkpoint
+    # leftover temporary directories (as after SIGKILL; of this version and an earlier one) are
+    # never taken for checkpoints, and are removed
     (tmp_path / "checkpoints" / ".step_000006.abc.tmp").mkdir()
+    os.mkdir(io.temp_path(tmp_path / "checkpoints" / "step_000006", pid=dead_pid()))
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     ckpt.remove_stale_temporaries(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
@@ -114,7 +117,7 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     bad = {k: v.clone() for k, v in w.items()}
     next(iter(bad.values())).view(-1)[0] = float("nan")
     with pytest.raises(UserError, match="not finite"):
-        ckpt.save_checkpoint(tmp_path, 7, bad, cfg, spm, {}, ckpt.new_trainer_state(step=7), keep=3)
+        ckpt.save_checkpoint(tmp_path, 7, bad, cfg, spm, {}, trainer_state(7), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
 
     (tmp_path / "last" / ckpt.TRAINER_STATE).write_bytes(b"garbage")

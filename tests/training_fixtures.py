@@ -67,3 +67,25 @@ def test_tiny_dataset_is_what_the_tests_assume(tmp_path):
     src, tgt = ds.text(0)
     assert tgt == " ".join(reversed(src.split())).translate(TABLE)
     assert ParallelDataset(data, "valid").reference_lines()[0]
+
+
+def trainer_state(step: int, world_size: int = 1) -> dict:
+    """A well-formed trainer state (what `checkpoint.load_trainer_state` accepts), for tests of
+    checkpoint files that need no real optimizer."""
+    from dataclasses import asdict
+
+    from aiayn.training import checkpoint as ckpt
+    from aiayn.training.logs import RunProgress
+
+    return ckpt.new_trainer_state(
+        step=step, optimizer={"state": {}, "param_groups": [{"lr": 1.0, "params": [0]}]}, scaler={},
+        sampler={"epoch": 0, "position": 0}, ranks=[{"rng": ckpt.capture_rng()}] * world_size,
+        progress=asdict(RunProgress()),
+        run={"seed": 1, "world_size": world_size, "batch_tokens": 10, "accum": 1})
+
+
+def dead_pid() -> int:
+    """The PID of a process that has ended (what a killed command's temporaries carry)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid

@@ -1,4 +1,7 @@
-"""`aiayn info`: a preset's configuration, parameter count and training FLOPs per target token."""
+"""`aiayn info`: a preset's configuration, parameter count and training FLOPs per target token,
+and Table 2's training cost of the paper's base and big models counted both ways: the paper's
+(training time x GPUs x sustained TFLOPS of one GPU) and the analytic one (FLOPs per target token x
+updates x 25,000 target tokens)."""
 
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ def main(args: argparse.Namespace) -> int:
     n = count_parameters(cfg)
     flops = flops_per_target_token(cfg, args.seq_len, args.seq_len)
     info = {"preset": args.preset, "parameters": n, "train_flops_per_target_token": flops,
-            "seq_len_assumed": args.seq_len, "config": cfg.to_dict()}
+            "seq_len_assumed": args.seq_len, "config": cfg.to_dict(),
+            "table2": table2(args.vocab_size, args.seq_len)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -49,4 +53,33 @@ def main(args: argparse.Namespace) -> int:
     print(f"allocator       {allocator_in_use()} (this process; AIAYN_ALLOCATOR, aiayn/memory.py)")
     print(f"training FLOPs  {flops / 1e6:.1f}M per target token "
           f"(6 x weights + attention at length {args.seq_len:g})")
+    print(format_table2(info["table2"]))
     return 0
+
+
+def table2(vocab_size: int, seq_len: float) -> dict[str, dict[str, float]]:
+    """Table 2's training cost of the paper's base and big, the paper's way and analytically."""
+    from aiayn.config import PRESETS
+    from aiayn.model.counting import PAPER_TOKENS_PER_STEP, TABLE2, training_flops
+
+    out = {}
+    for name, cost in TABLE2.items():
+        cfg = replace(PRESETS[name], vocab_size=vocab_size)
+        analytic = training_flops(cfg, cost.steps, PAPER_TOKENS_PER_STEP, seq_len, seq_len)
+        out[name] = {"hours": cost.hours, "gpus": cost.gpus, "tflops_per_gpu": cost.tflops,
+                     "paper_flops": cost.flops, "table2_flops": cost.reported,
+                     "steps": cost.steps, "tokens_per_step": PAPER_TOKENS_PER_STEP,
+                     "analytic_flops": analytic, "paper_over_analytic": cost.flops / analytic}
+    return out
+
+
+def format_table2(rows: dict[str, dict[str, float]]) -> str:
+    lines = ["Table 2, training cost: the paper's count (hours x GPUs x sustained TFLOPS of a P100) "
+             "against the analytic one (FLOPs/token x steps x target tokens/step)"]
+    for name, r in rows.items():
+        lines.append(
+            f"  {name:<5} paper {r['hours']:g} h x {r['gpus']} x {r['tflops_per_gpu']:g} TFLOPS = "
+            f"{r['paper_flops']:.2e} (Table 2: {r['table2_flops']:.1e}); analytic "
+            f"{r['analytic_flops']:.2e} ({r['steps']:,} steps x {r['tokens_per_step']:,} tokens); "
+            f"paper / analytic {r['paper_over_analytic']:.1f}")
+    return "\n".join(lines)

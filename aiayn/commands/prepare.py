@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tgt-model-type", default=None, choices=["bpe", "unigram", "char", "word"],
                    help="with --separate-vocab: the target side's own model type (e.g. char in, "
                         "word out for grapheme-to-phoneme)")
+    p.add_argument("--tgt-vocab-size", type=int, default=None, metavar="N",
+                   help="with --separate-vocab: the target vocabulary's own size (default: --vocab-size)")
     p.add_argument("--max-len", type=int, default=250,
                    help="drop training pairs with a side longer than this many subword tokens (0: no "
                         "limit; default 250)")
@@ -64,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     options = PrepareOptions(
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
         separate_vocab=args.separate_vocab, model_type=args.model_type,
-        tgt_model_type=args.tgt_model_type, max_len=args.max_len,
+        tgt_model_type=args.tgt_model_type, tgt_vocab_size=args.tgt_vocab_size, max_len=args.max_len,
         max_ratio=args.max_ratio, vocab_sample=args.vocab_sample,
     )
     options.check()

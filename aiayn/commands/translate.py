@@ -6,13 +6,20 @@
 
 Reads UTF-8 lines (a file, which may be gzipped, or stdin) and writes exactly one line of
 detokenized text per input line, in input order (a blank input line, empty or whitespace only,
-gives an empty output line). `--output` is written atomically and never replaces an existing file without
-`--overwrite`. With `--nbest N` each input line gives up to N lines, best first:
+gives an empty output line). `--output` is written atomically, never replaces an existing file
+without `--overwrite`, and is locked while it is written (a second translate into it is refused).
+With `--nbest N` each input line gives up to N lines, best first:
 
     index<TAB>score<TAB>text
 
 where index is the 0-based input line number and score the search score (log-probability divided
 by the GNMT length penalty; higher is better); a blank input line gives one line with score 0.
+
+With `--alignment hard` each line is `translation ||| 0-0 1-2 ...`: Pharaoh-format word
+alignments (source word i - target word j, 0-based) from the encoder-decoder attention the search
+used, by default of the last decoder layer, averaged over its heads (fairseq's and Marian's
+choice); `--alignment soft` prints, per target word, its weights over the source words
+(comma-separated; groups separated by spaces). Details: aiayn/decoding/alignment.py.
 
 Search defaults come from the model's config (the paper's: beam 4, alpha 0.6, maximum output
 length = source length + 50, both lengths counting EOS). Inputs longer than the model can take
@@ -33,6 +40,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", metavar="FILE", help="UTF-8 text, one sentence a line (default: stdin)")
     p.add_argument("--output", "-o", metavar="FILE", help="where to write (default: stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    add_search_arguments(p)
+    o = p.add_argument_group("interaction")
+    o.add_argument("--interactive", action="store_true",
+                   help="prompt and translate each line as it is typed (the default when stdin "
+                        "is a terminal and there is no --input)")
+    o.add_argument("--progress", action="store_true",
+                   help="show a progress bar on stderr (default: when stderr is a terminal)")
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """Search, batching and hardware options, shared by `aiayn translate` and `aiayn parse`."""
     s = p.add_argument_group("search (defaults: the model config's, the paper's)")
     s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
     s.add_argument("--alpha", type=float, help="length penalty exponent (config default 0.6)")
@@ -44,6 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
     s.add_argument("--nbest", type=int, metavar="N",
                    help="write the N best hypotheses per line as index<TAB>score<TAB>text")
+    a = p.add_argument_group("word alignment (from encoder-decoder attention)")
+    a.add_argument("--alignment", choices=["hard", "soft"],
+                   help="append ' ||| ' and the alignment to each line: hard = Pharaoh i-j pairs, "
+                        "soft = per target word its weights over the source words")
+    a.add_argument("--alignment-layer", type=int, default=-1, metavar="L",
+                   help="decoder layer, 1-based, negative from the top (default -1: the last)")
+    a.add_argument("--alignment-head", type=int, metavar="H",
+                   help="one head, 1-based (default: the mean of all heads)")
+    a.add_argument("--alignment-unit", choices=["word", "piece"], default="word",
+                   help="align words (pieces merged back, default) or subword pieces")
     b = p.add_argument_group("batching and hardware")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--batch-tokens", type=int, default=4000, metavar="T",
@@ -53,15 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     b.add_argument("--bf16", action="store_true", help="run the model in bfloat16 (weights cast once; scores stay float32)")
-    o = p.add_argument_group("interaction")
-    o.add_argument("--interactive", action="store_true",
-                   help="prompt and translate each line as it is typed (the default when stdin "
-                        "is a terminal and there is no --input)")
-    o.add_argument("--progress", action="store_true",
-                   help="show a progress bar on stderr (default: when stderr is a terminal)")
 
 
-def _device(name: str):
+def torch_device(name: str):
     import torch
 
     try:
@@ -73,7 +95,7 @@ def _device(name: str):
     return device
 
 
-def _read_input(path: str | None) -> list[str]:
+def read_input(path: str | None) -> list[str]:
     from aiayn.data.corpus import decode_utf8, read_lines, split_lines
 
     if path is None or path == "-":
@@ -81,7 +103,8 @@ def _read_input(path: str | None) -> list[str]:
     return read_lines(path)
 
 
-def _options(args: argparse.Namespace) -> dict:
+def search_options(args: argparse.Namespace) -> dict:
+    """Translator keyword arguments from `add_search_arguments`' options."""
     if args.max_src_tokens < 2:
         raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
     return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
@@ -92,7 +115,7 @@ def _options(args: argparse.Namespace) -> dict:
                 batch_size=args.batch_size)
 
 
-def _interactive(translator, nbest: int | None) -> int:
+def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None) -> int:
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     n = 0
     while True:
@@ -108,15 +131,19 @@ def _interactive(translator, nbest: int | None) -> int:
         except UnicodeDecodeError:
             print(f"error: line {n}: invalid UTF-8, skipped", file=sys.stderr)
             continue
-        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n)
+        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n, align=align)
         sys.stdout.flush()
 
 
 def _write_results(out, translator, lines: list[str], nbest: int | None, progress: bool,
-                   first_line: int = 1) -> None:
+                   first_line: int = 1, align: tuple[str, dict] | None = None) -> None:
     from aiayn.decoding.translate import format_nbest
 
-    if nbest:
+    if align:
+        mode, kwargs = align
+        for a in translator.align(lines, progress=progress, first_line=first_line, **kwargs):
+            out.write(f"{a.translation} ||| {a.format(mode)}\n")
+    elif nbest:
         for i, entries in enumerate(translator.translate_nbest(lines, nbest, progress, first_line)):
             for row in format_nbest(first_line - 1 + i, entries):
                 out.write(row + "\n")
@@ -125,10 +152,37 @@ def _write_results(out, translator, lines: list[str], nbest: int | None, progres
             out.write(text + "\n")
 
 
+def _alignment_options(args: argparse.Namespace, cfg) -> tuple[str, dict] | None:
+    """The output mode and `Translator.align`'s keywords (0-based layer and head), or None."""
+    if not args.alignment:
+        return None
+    from aiayn.commands.attention import one_based
+
+    head = args.alignment_head
+    return args.alignment, {
+        "unit": args.alignment_unit,
+        "layer": one_based(args.alignment_layer, cfg.n_layers, "--alignment-layer", "layer"),
+        "head": None if head is None else one_based(head, cfg.n_heads, "--alignment-head", "head")}
+
+
 def main(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from aiayn.io import exclusive_lock
+
+    with contextlib.ExitStack() as stack:
+        if args.output is not None:  # one translate at a time into a file
+            stack.enter_context(exclusive_lock(args.output, "aiayn translate",
+                                               "wait for it to finish, or choose another --output"))
+        return _translate(args)
+
+
+def _translate(args: argparse.Namespace) -> int:
     from aiayn.io import atomic_write, check_writable
 
-    options = _options(args)
+    options = search_options(args)
+    if args.alignment and args.nbest:
+        raise UserError("--alignment prints the best translation's alignment; drop --nbest")
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and args.input is not None:
         raise UserError("--interactive reads the terminal; drop --input")
@@ -142,10 +196,11 @@ def main(args: argparse.Namespace) -> int:
         SearchOptions(**options).validate(read_config(args.model))
     except ValueError as e:
         raise UserError(str(e)) from None
+    align = _alignment_options(args, read_config(args.model))
     if args.output is not None:
         check_writable(args.output, args.overwrite)
-    device = _device(args.device)
-    lines = None if interactive else _read_input(args.input)
+    device = torch_device(args.device)
+    lines = None if interactive else read_input(args.input)
 
     loaded = load_model(args.model, device)
     try:
@@ -155,12 +210,12 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     if interactive:
-        return _interactive(translator, args.nbest)
+        return _interactive(translator, args.nbest, align)
     progress = args.progress or sys.stderr.isatty()
     if args.output is None:
-        _write_results(sys.stdout, translator, lines, args.nbest, progress)
+        _write_results(sys.stdout, translator, lines, args.nbest, progress, align=align)
         sys.stdout.flush()
     else:
         with atomic_write(args.output, "w") as f:
-            _write_results(f, translator, lines, args.nbest, progress)
+            _write_results(f, translator, lines, args.nbest, progress, align=align)
     return 0

@@ -16,7 +16,7 @@ file, invalid UTF-8, line counts that differ, a TSV line without exactly one tab
 without segments. Corpora of any size are read streamed (`iter_line_blocks`,
 `ParallelSource.iter_chunks`): the same lines and errors, in bounded memory.
 
-Cleaning (`empty_pairs`, `length_filters`) applies to training data only; dev and test sets are
+Cleaning (`empty_pairs`, `nul_pairs`, `length_filters`) applies to training data only; dev and test sets are
 never filtered or reordered, one output line per input line. Lengths for the filters are counted in
 subword tokens (not words): the limit then means the same thing as the batcher's token budget, so
 `aiayn prepare --max-len N` guarantees every pair fits a batch of `max_tokens >= N + 1`.
@@ -36,6 +36,7 @@ from typing import IO, Iterator, Sequence
 import numpy as np
 
 from aiayn.errors import UserError
+from aiayn.io import reading
 
 GZIP_MAGIC = b"\x1f\x8b"
 SGML_SUFFIXES = (".sgm", ".sgml")
@@ -53,14 +54,8 @@ def read_bytes(path: str | Path) -> bytes:
 def _open_binary(path: str | Path) -> Iterator[IO[bytes]]:
     """`path` opened for reading bytes, through a gunzipping stream if it is gzip (by magic bytes)."""
     p = Path(path)
-    try:
+    with reading(p, "a text file"):
         f = open(p, "rb")
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{p}: is a directory, expected a text file") from None
-    except PermissionError:
-        raise UserError(f"{p}: permission denied") from None
     with f:
         gz = f.read(2) == GZIP_MAGIC
         f.seek(0)
@@ -78,10 +73,24 @@ def _read_or_fail(f: IO[bytes], size: int, path: str | Path) -> bytes:
         raise UserError(f"{path}: damaged gzip file ({e})") from None
 
 
-def decode_utf8(data: bytes, path: str | Path, first_line: int = 1, strip_bom: bool = True) -> str:
+def refuse_binary(data: bytes, path: str | Path, start: int | None = None) -> None:
+    """Refuse data that is a quarter NUL bytes or more: it is UTF-16 or binary, whatever it decodes
+    to. `start`: where `data` begins in the file, when it is one block of a longer file."""
+    nul = data.count(b"\0")
+    if nul and nul * 4 >= len(data):
+        where = "" if start is None else f" from byte {start}"
+        raise UserError(f"{path}: {nul} of its {len(data)} bytes{where} are NUL: UTF-16 or binary "
+                        f"data, not UTF-8 text (convert it with iconv -f UTF-16 -t UTF-8)")
+
+
+def decode_utf8(data: bytes, path: str | Path, first_line: int = 1, strip_bom: bool = True,
+                check_binary: bool = True) -> str:
     """Strict UTF-8 decoding; an error names the file, 1-based line and column (`first_line` is
     the line number of `data`'s first line, for blocks of a longer file). A byte order mark at
-    the start is dropped when `strip_bom` (the start of a file)."""
+    the start is dropped when `strip_bom` (the start of a file). Binary data is refused
+    (`refuse_binary`) unless the caller has checked it (`check_binary` False)."""
+    if check_binary:
+        refuse_binary(data, path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -108,19 +117,22 @@ def iter_line_blocks(path: str | Path, block_bytes: int = READ_BLOCK) -> Iterato
     """The lines of a plain or gzipped UTF-8 file, streamed in blocks of whole lines (about
     `block_bytes` each): the same lines as `read_lines`, with the same errors, in bounded memory."""
     with _open_binary(path) as f:
-        carry, line_no, first = b"", 1, True
+        carry, line_no, first, start = b"", 1, True, 0
         while True:
             block = _read_or_fail(f, block_bytes, path)
             if not block:  # the end: a last line without a final newline
                 if carry:
-                    yield split_lines(decode_utf8(carry, path, line_no, strip_bom=first))
+                    yield split_lines(decode_utf8(carry, path, line_no, first, check_binary=False))
                 return
+            # each block read is checked whole (a whole small file: the same as `decode_utf8`)
+            refuse_binary(block, path, None if start == 0 and len(block) < block_bytes else start)
+            start += len(block)
             data = carry + block
             # cut after the last newline: a multi-byte UTF-8 character never contains byte 0x0a
             cut = data.rfind(b"\n") + 1
             carry = data[cut:]
             if cut:
-                lines = split_lines(decode_utf8(data[:cut], path, line_no, strip_bom=first))
+                lines = split_lines(decode_utf8(data[:cut], path, line_no, first, check_binary=False))
                 first = False
                 line_no += len(lines)
                 yield lines
@@ -290,6 +302,11 @@ def find_parallel(values: Sequence[str], src_lang: str, tgt_lang: str) -> Parall
 
 
 # --- cleaning (training data only) --------------------------------------------------------------
+
+
+def nul_pairs(src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
+    """Bool mask, True where either side holds a NUL character (binary junk in crawled text)."""
+    return np.fromiter(("\0" in s or "\0" in t for s, t in zip(src, tgt)), bool, count=len(src))
 
 
 def empty_pairs(src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:

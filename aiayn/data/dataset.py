@@ -21,7 +21,7 @@ and `.idx.npy` per split, no shard list) is still read, as a split of one shard.
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from aiayn.config import Config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
+from aiayn.io import check_schema, read_json
 
 FORMAT = "aiayn-dataset"
 FORMAT_VERSION = 2  # the layout; version 1 is still read (see the module docstring)
@@ -58,21 +59,65 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
+_VOCAB = {"file": str, "size": int, "?sha256": str}
+_FILTERED = {"empty": int, "too_long": int, "length_ratio": int, "?nul": int}
+_COUNTS = ("pairs", "src_tokens", "tgt_tokens", "max_src_len", "max_tgt_len")
+_SHARD = {**dict.fromkeys(_COUNTS, int), "files": {str: str}}
+_SPLIT = {**dict.fromkeys(_COUNTS, int), "input_pairs": int, "filtered": (_FILTERED, None),
+          "raw_text": bool}
+# What aiayn reads from manifest.json (aiayn.io.check_schema); prepare writes more (sources, software).
+MANIFEST_SCHEMA = {
+    "format": str, "version": int, "?fingerprint": str, "src_lang": str, "tgt_lang": str,
+    "shared_vocab": bool, "vocab": {"src": _VOCAB, "tgt": _VOCAB},
+    "options": {"model_type": str, "?tgt_model_type": (str, None)}, "splits": {str: _SPLIT},
+}
+# Format 2: each split lists its shards.
+MANIFEST_SCHEMA_V2 = {**MANIFEST_SCHEMA, "splits": {str: {**_SPLIT, "shards": [_SHARD]}}}
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def read_manifest(directory: str | Path) -> dict:
+    """A dataset's manifest.json, checked: every field aiayn reads has its type, file names stay
+    inside the directory, counts are non-negative."""
     path = Path(directory) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        msg = f"{directory}: not a prepared dataset (no manifest.json); run aiayn prepare"
-        raise UserError(msg) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: damaged manifest ({e})") from None
-    if manifest.get("format") != FORMAT:
+    if not path.exists():
+        raise UserError(f"{directory}: not a prepared dataset (no manifest.json); run aiayn prepare")
+    manifest = read_json(path)
+    check_schema(manifest, {"format": str, "version": int}, str(path))
+    if manifest["format"] != FORMAT:
         raise UserError(f"{path}: not an aiayn dataset manifest")
-    if manifest.get("version") not in READABLE_VERSIONS:
-        raise UserError(f"{path}: dataset format version {manifest.get('version')}, this aiayn reads "
+    if manifest["version"] not in READABLE_VERSIONS:
+        raise UserError(f"{path}: dataset format version {manifest['version']}, this aiayn reads "
                         f"{', '.join(map(str, READABLE_VERSIONS))}; re-run aiayn prepare")
+    check_schema(manifest, MANIFEST_SCHEMA if manifest["version"] == 1 else MANIFEST_SCHEMA_V2, str(path))
+    for side, v in manifest["vocab"].items():
+        if not _PLAIN_NAME.fullmatch(v["file"]) or v["file"].startswith("."):
+            raise UserError(f"{path}: field 'vocab.{side}.file' must be a file name in the "
+                            f"dataset directory, got {v['file']!r}")
+    for name, info in manifest["splits"].items():
+        if not _PLAIN_NAME.fullmatch(name) or name.startswith("."):
+            raise UserError(f"{path}: split name {name!r} is not a plain name")
+        for k in ("input_pairs", *_COUNTS):
+            if info[k] < 0:
+                raise UserError(f"{path}: field 'splits.{name}.{k}' must be >= 0, got {info[k]}")
+        if manifest["version"] >= 2:
+            _check_shards(info, f"{path}: field 'splits.{name}.shards'")
     return manifest
+
+
+def _check_shards(info: dict, where: str) -> None:
+    """A format-2 split's shard list: at least one shard, counts >= 0, adding up to the split's."""
+    shards = info["shards"]
+    if not shards:
+        raise UserError(f"{where} lists no shards")
+    for i, shard in enumerate(shards):
+        for k in _COUNTS:
+            if shard[k] < 0:
+                raise UserError(f"{where}[{i}].{k} must be >= 0, got {shard[k]}")
+    for k in ("pairs", "src_tokens", "tgt_tokens"):
+        total = sum(s[k] for s in shards)
+        if total != info[k]:
+            raise UserError(f"{where}: the shards' {k} add up to {total}, the split says {info[k]}")
 
 
 def shard_numbers(manifest: dict, split: str) -> list[int | None]:
@@ -136,6 +181,10 @@ def load_dataset_dir(directory: str | Path) -> DatasetInfo:
     vocab = manifest["vocab"]
     src = Tokenizer.load(d / vocab["src"]["file"])
     tgt = src if manifest["shared_vocab"] else Tokenizer.load(d / vocab["tgt"]["file"])
+    for side, tok in (("src", src), ("tgt", tgt)):
+        if tok.vocab_size != vocab[side]["size"]:
+            raise UserError(f"{d / 'manifest.json'}: field 'vocab.{side}.size' is "
+                            f"{vocab[side]['size']}, but {tok.path} has {tok.vocab_size} pieces")
     return DatasetInfo(d, manifest, src, tgt, list(manifest["splits"]))
 
 
@@ -146,10 +195,33 @@ def _check_split(info: DatasetInfo, split: str) -> dict:
 
 
 def _load_array(path: Path) -> np.ndarray:
+    """A one-dimensional integer array from a .npy file, memory-mapped (never unpickled)."""
     try:
-        return np.load(path, mmap_mode="r")
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"{path}: missing from the dataset; re-run aiayn prepare") from None
+    except (ValueError, OSError, EOFError) as e:  # object arrays, damaged headers, truncation
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        raise UserError(f"{path}: not a valid .npy array ({reason}); re-run aiayn prepare") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "iu":
+        shape = getattr(arr, "shape", "?")
+        raise UserError(f"{path}: expected a one-dimensional integer array, found {arr.dtype} "
+                        f"of shape {shape}; re-run aiayn prepare")
+    return arr
+
+
+def check_split_arrays(ids: np.ndarray, offsets: np.ndarray, vocab_size: int, pairs: int,
+                       where: str) -> None:
+    """One side of a split: offsets start at 0, never decrease, end at len(ids), number pairs+1;
+    every id is a piece of the vocabulary. A one-line UserError naming `where` otherwise."""
+    if len(offsets) != pairs + 1:
+        raise UserError(f"{where}: {len(offsets) - 1} sentences, the manifest says {pairs}; "
+                        f"re-run aiayn prepare")
+    if offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
+        raise UserError(f"{where}: sentence offsets do not fit the token ids; re-run aiayn prepare")
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise UserError(f"{where}: token ids outside the vocabulary of {vocab_size} pieces; "
+                        f"re-run aiayn prepare")
 
 
 def read_split_text(directory: str | Path | DatasetInfo, split: str, side: str = "tgt") -> list[str]:
@@ -202,16 +274,16 @@ class ConcatArray:
         return out.reshape(idx.shape) if idx.ndim else out[0]
 
 
-def _read_side(d: Path, split: str, side: str, shards: list[int | None]
-               ) -> tuple[np.ndarray | ConcatArray, np.ndarray | ConcatArray, np.ndarray]:
-    """(ids, offsets, lengths) of one side of a split: ids and offsets memory-mapped (across
-    shards, `ConcatArray` views), lengths int32 in memory (4 bytes a sentence)."""
+def _read_side(d: Path, split: str, side: str, shards: list[int | None], pairs: list[int],
+               vocab_size: int) -> tuple[np.ndarray | ConcatArray, np.ndarray | ConcatArray, np.ndarray]:
+    """(ids, offsets, lengths) of one side of a split whose shards hold `pairs` pairs each, checked
+    (`check_split_arrays`): ids and offsets memory-mapped (across shards, `ConcatArray` views),
+    lengths int32 in memory (4 bytes a sentence)."""
     ids = [_load_array(d / ids_file(split, side, k)) for k in shards]
     offsets = [_load_array(d / idx_file(split, side, k)) for k in shards]
-    for k, i, o in zip(shards, ids, offsets):
-        if len(o) == 0 or o[0] != 0 or o[-1] != len(i):
-            where = idx_file(split, side, k)
-            raise UserError(f"{d / where}: inconsistent with its ids; re-run aiayn prepare")
+    for k, i, o, n in zip(shards, ids, offsets, pairs):
+        shard = "" if len(shards) == 1 else f", shard {k}"
+        check_split_arrays(i, o, vocab_size, n, f"{d}: split {split!r} ({side}{shard})")
     lengths = np.concatenate([np.diff(o).astype(np.int32) for o in offsets])
     if len(shards) == 1:
         return ids[0], offsets[0], lengths
@@ -234,11 +306,12 @@ class ParallelDataset:
         self.split_info = _check_split(self.info, split)
         d = self.directory
         shards = shard_numbers(self.manifest, split)
-        self.src_ids, self.src_offsets, self.src_lengths = _read_side(d, split, "src", shards)
-        self.tgt_ids, self.tgt_offsets, self.tgt_lengths = _read_side(d, split, "tgt", shards)
-        n = self.split_info["pairs"]
-        if not len(self.src_lengths) == len(self.tgt_lengths) == n:
-            raise UserError(f"{d}: split {split!r} is inconsistent with its manifest; re-run aiayn prepare")
+        pairs = [s["pairs"] for s in self.split_info["shards"]] if self.manifest["version"] >= 2 \
+            else [self.split_info["pairs"]]
+        self.src_ids, self.src_offsets, self.src_lengths = _read_side(
+            d, split, "src", shards, pairs, self.info.src_tokenizer.vocab_size)
+        self.tgt_ids, self.tgt_offsets, self.tgt_lengths = _read_side(
+            d, split, "tgt", shards, pairs, self.info.tgt_tokenizer.vocab_size)
 
     @property
     def manifest(self) -> dict:

@@ -21,11 +21,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from aiayn.data.corpus import length_filters
+from aiayn.data.corpus import empty_pairs, length_filters, nul_pairs
 from aiayn.data.dataset import token_dtype
 from aiayn.data.tokenizer import Tokenizer
 
 SAMPLE_SEED = 20170612  # the reservoir's seed: one fixed sample for given inputs and size
+FILTERS = ("empty", "nul", "too_long", "length_ratio")  # why `clean` drops a training pair
 
 
 # --- the vocabulary sample ----------------------------------------------------------------------
@@ -73,13 +74,15 @@ class PairReservoir:
 @dataclass
 class EncodedChunk:
     """Subword ids of a chunk of pairs: per side the ids concatenated and the length of each
-    sentence (int32); `empty` marks pairs with a blank side (dropped from training data)."""
+    sentence (int32); `empty` marks pairs with a blank side, `nul` the others with a NUL byte
+    (both dropped from training data)."""
 
     src_ids: np.ndarray
     src_len: np.ndarray
     tgt_ids: np.ndarray
     tgt_len: np.ndarray
     empty: np.ndarray
+    nul: np.ndarray
 
     def __len__(self) -> int:
         return len(self.src_len)
@@ -88,7 +91,7 @@ class EncodedChunk:
         """The pairs where `keep` is True, in order."""
         return EncodedChunk(self.src_ids[np.repeat(keep, self.src_len)], self.src_len[keep],
                             self.tgt_ids[np.repeat(keep, self.tgt_len)], self.tgt_len[keep],
-                            self.empty[keep])
+                            self.empty[keep], self.nul[keep])
 
     @staticmethod
     def concatenate(chunks: list["EncodedChunk"], src_dtype: np.dtype, tgt_dtype: np.dtype) -> "EncodedChunk":
@@ -99,7 +102,8 @@ class EncodedChunk:
                             cat([c.src_len for c in chunks], np.int32),
                             cat([c.tgt_ids for c in chunks], tgt_dtype),
                             cat([c.tgt_len for c in chunks], np.int32),
-                            cat([c.empty for c in chunks], bool))
+                            cat([c.empty for c in chunks], bool),
+                            cat([c.nul for c in chunks], bool))
 
 
 def encode_side(tok: Tokenizer, lines: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -113,19 +117,21 @@ def encode_side(tok: Tokenizer, lines: list[str], num_threads: int = 1) -> tuple
 
 def encode_chunk(src_tok: Tokenizer, tgt_tok: Tokenizer, src: list[str], tgt: list[str],
                  num_threads: int = 1) -> EncodedChunk:
-    empty = np.fromiter((not s.strip() or not t.strip() for s, t in zip(src, tgt)), bool, count=len(src))
+    empty = empty_pairs(src, tgt)
     return EncodedChunk(*encode_side(src_tok, src, num_threads), *encode_side(tgt_tok, tgt, num_threads),
-                        empty)
+                        empty, nul_pairs(src, tgt) & ~empty)
 
 
 def clean(enc: EncodedChunk, max_len: int, max_ratio: float) -> tuple[EncodedChunk, dict[str, int]]:
-    """Drop training pairs with an empty side, then those too long or too lopsided in subword
-    tokens (`length_filters`); (kept pairs, counts), each pair counted under its first reason."""
+    """Drop training pairs with an empty side or a NUL byte, then those too long or too lopsided in
+    subword tokens (`length_filters`); (kept pairs, counts by `FILTERS`), each pair counted under
+    its first reason."""
+    junk = enc.empty | enc.nul
     too_long, bad_ratio = length_filters(enc.src_len, enc.tgt_len, max_len, max_ratio)
-    too_long &= ~enc.empty
-    bad_ratio &= ~(enc.empty | too_long)
-    keep = ~(enc.empty | too_long | bad_ratio)
-    counts = {"empty": int(enc.empty.sum()), "too_long": int(too_long.sum()),
+    too_long &= ~junk
+    bad_ratio &= ~(junk | too_long)
+    keep = ~(junk | too_long | bad_ratio)
+    counts = {"empty": int(enc.empty.sum()), "nul": int(enc.nul.sum()), "too_long": int(too_long.sum()),
               "length_ratio": int(bad_ratio.sum())}
     return enc.select(keep), counts
 

@@ -1,22 +1,27 @@
 """`aiayn prepare`'s work: raw parallel corpora -> a binarized dataset directory (layout in
 `aiayn.data.dataset`), at any size in bounded memory, resumably.
 
-1. Check. Every input is read, streamed, before anything is written: UTF-8, line counts, TSV
-   fields. Dev and test splits (small) are kept in memory. While the training corpus streams by,
+1. Check. Every input is read, streamed, before anything is written: UTF-8 (text that is mostly
+   NUL bytes, UTF-16 or binary, is refused), line counts, TSV fields. Dev and test splits (small) are kept in memory. While the training corpus streams by,
    a seeded uniform sample of at most `vocab_sample` of its pairs is drawn (`encode.PairReservoir`,
    the role of sentencepiece's `input_sentence_size`).
 2. Vocabulary. Sentencepiece learns it from the sample's pairs without an empty side, in corpus
    order (§5.1; one model shared by both languages by default, §3.4). A corpus of at most
    `vocab_sample` pairs is learned from whole.
 3. Encoding. The training corpus streams again in chunks, encoded over worker processes
-   (`encode.ChunkEncoder`) and cleaned: pairs with an empty side, too long, or too lopsided in
-   subword tokens are dropped. It is written in shards of `shard_pairs` input pairs. Dev and test
-   splits are encoded whole, every line kept, in order.
+   (`encode.ChunkEncoder`) and cleaned: pairs with an empty side, a NUL byte (binary junk), too
+   long, or too lopsided in subword tokens are dropped, each counted in the manifest and the
+   summary. It is written in shards of `shard_pairs` input pairs. Dev and test splits are encoded
+   whole, every line kept, in order (pairs with NUL bytes too, with a warning).
 4. Resuming. Everything is written into a work directory beside the output, `.NAME.partial`, each
    shard atomically and then recorded in its `progress.json`. A killed run started again with the
    same inputs and options keeps the vocabulary and the finished shards. When every split is
    written, the manifest goes in and the directory is renamed into place, so a reader sees either
-   nothing or a complete dataset. An error in the inputs or options removes the work directory.
+   nothing or a complete dataset. An error in the inputs or options removes the work directory;
+   an I/O failure (disk full) keeps it, to resume once the cause is fixed.
+5. One writer. While it checks and writes, `prepare_dataset` holds the output's lock
+   (`aiayn.io.exclusive_lock`): a second prepare into the same directory (or its work directory)
+   meanwhile is refused.
 
 Memory: the sample while the vocabulary is learned, then one shard's ids and a few chunks in
 flight; never the corpus (benchmarks/prepare_scale.py measures it).
@@ -44,7 +49,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from aiayn.data.corpus import ParallelSource
+from aiayn.data.corpus import ParallelSource, empty_pairs, nul_pairs
 from aiayn.data.dataset import (
     FORMAT,
     FORMAT_VERSION,
@@ -54,7 +59,7 @@ from aiayn.data.dataset import (
     text_file,
     token_dtype,
 )
-from aiayn.data.encode import ChunkEncoder, EncodedChunk, PairReservoir, clean, encode_chunk
+from aiayn.data.encode import FILTERS, ChunkEncoder, EncodedChunk, PairReservoir, clean, encode_chunk
 from aiayn.data.shards import (
     PROGRESS_FILE,
     intact_shards,
@@ -64,8 +69,8 @@ from aiayn.data.shards import (
     write_shard,
 )
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
-from aiayn.errors import UserError
-from aiayn.io import atomic_write, publish_dir, sha256_file
+from aiayn.errors import OutputError, UserError
+from aiayn.io import atomic_write, exclusive_lock, publish_dir, sha256_file
 
 CHUNK_PAIRS = 10_000  # pairs per encoding task
 SHARD_PAIRS = 1_000_000  # input pairs per training shard (~120 MB of ids for WMT sentences)
@@ -83,6 +88,7 @@ class PrepareOptions:
     separate_vocab: bool = False
     model_type: str = "bpe"
     tgt_model_type: str | None = None  # separate vocabularies only; None: model_type
+    tgt_vocab_size: int | None = None  # separate vocabularies only; None: vocab_size
     max_len: int = 250  # subword tokens per side, training only; 0 = no limit
     max_ratio: float = 9.0  # longer/shorter side in subword tokens, training only; 0 = no limit
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
@@ -104,9 +110,11 @@ class PrepareOptions:
         for lang in (self.src_lang, self.tgt_lang):
             if not re.fullmatch(r"[A-Za-z0-9_-]+", lang):
                 raise UserError(f"language code {lang!r} should be letters, digits, '_' or '-'")
-        if self.tgt_model_type is not None and not self.separate_vocab:
-            raise UserError("a target model type of its own needs separate vocabularies "
-                            "(--separate-vocab)")
+        if (self.tgt_model_type is not None or self.tgt_vocab_size is not None) and not self.separate_vocab:
+            raise UserError("a target model type or vocabulary size of its own needs separate "
+                            "vocabularies (--separate-vocab)")
+        if self.tgt_vocab_size is not None and self.tgt_vocab_size < 5:
+            raise UserError(f"--tgt-vocab-size must be at least 5, got {self.tgt_vocab_size}")
         if self.src_lang == self.tgt_lang:
             raise UserError(f"source and target language are both {self.src_lang!r}")
 
@@ -134,16 +142,23 @@ def _describe_sources(splits: Mapping[str, ParallelSource]) -> dict[str, dict]:
     return out
 
 
-def _fingerprint(options: PrepareOptions, sources: dict[str, dict], train_pairs: int) -> str:
-    """Hash of everything that decides the ids: options and input contents (not their paths). The
-    sample size counts only when there is a sample, so a corpus learned from whole keeps the
-    fingerprint it had before sampling existed."""
-    opts = {k: v for k, v in options.__dict__.items() if k != "vocab_sample"}
+def fingerprint_options(options: PrepareOptions, train_pairs: int) -> dict:
+    """The options as the fingerprint counts them. The sample size counts only when there is a
+    sample, so a corpus learned from whole keeps the fingerprint it had before sampling existed;
+    an unset target vocabulary size is left out, so datasets made before that option keep theirs."""
+    opts = {k: v for k, v in options.__dict__.items()
+            if k != "vocab_sample" and not (k == "tgt_vocab_size" and v is None)}
     if options.samples(train_pairs):
         opts["vocab_sample"] = options.vocab_sample
+    return opts
+
+
+def _fingerprint(options: PrepareOptions, sources: dict[str, dict], train_pairs: int) -> str:
+    """Hash of everything that decides the ids: options (`fingerprint_options`) and input contents
+    (not their paths)."""
     key = {
         "format": [FORMAT, CONTENT_VERSION],
-        "options": opts,
+        "options": fingerprint_options(options, train_pairs),
         "inputs": {split: [(f["role"], f["sha256"]) for f in s["files"]] for split, s in sources.items()},
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -199,7 +214,8 @@ def _learn_vocab(work: Path, src: list[str], tgt: list[str], options: PrepareOpt
         f"from {whence} training pairs")
     src_tok, tgt_tok = train_tokenizers(
         src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
-        tgt_model_type=options.tgt_model_type, byte_fallback=options.byte_fallback,
+        tgt_model_type=options.tgt_model_type, tgt_vocab_size=options.tgt_vocab_size,
+        byte_fallback=options.byte_fallback,
         character_coverage=options.character_coverage)
     vocab = {}
     for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
@@ -227,11 +243,11 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
         raise UserError(f"the training corpus {source.src} is empty")
     src, tgt = reservoir.pairs()
     del reservoir
-    keep = [bool(s.strip() and t.strip()) for s, t in zip(src, tgt)]
-    src = [s for s, k in zip(src, keep) if k]
-    tgt = [t for t, k in zip(tgt, keep) if k]
+    dropped = empty_pairs(src, tgt) | nul_pairs(src, tgt)  # what cleaning drops: never learned from
+    src = [s for s, d in zip(src, dropped) if not d]
+    tgt = [t for t, d in zip(tgt, dropped) if not d]
     if not src:
-        raise UserError(f"every training pair has an empty side ({n} pairs)")
+        raise UserError(f"every training pair has an empty side or a NUL byte ({n} pairs)")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     vocab = _learn_vocab(work, src, tgt, options, n, say)
@@ -253,7 +269,7 @@ def _encode_train(work: Path, state: dict, source: ParallelSource, toks: dict, o
         next(chunks)
     dtypes = token_dtype(toks["src"].vocab_size), token_dtype(toks["tgt"].vocab_size)
     kept: list[EncodedChunk] = []
-    counts = {"empty": 0, "too_long": 0, "length_ratio": 0}
+    counts = dict.fromkeys(FILTERS, 0)
     in_shard = 0
     with ChunkEncoder(toks["src"], toks["tgt"], workers if n - done * shard_pairs > chunk else 0) as encoder, \
             tqdm(total=n, initial=done * shard_pairs, desc="encoding train", unit=" pairs", unit_scale=True,
@@ -282,7 +298,7 @@ def _train_entry(state: dict, sources: dict, options: PrepareOptions) -> dict:
     pairs = sum(s["pairs"] for s in shards)
     if pairs == 0:
         raise UserError("every training pair was filtered out; check --max-len and --max-ratio")
-    filtered = {k: sum(s["filtered"][k] for s in shards) for k in ("empty", "too_long", "length_ratio")}
+    filtered = {k: sum(s["filtered"].get(k, 0) for s in shards) for k in FILTERS}
     info = {"pairs": pairs, "input_pairs": state["train_pairs"], "filtered": filtered, "raw_text": False,
             **sources["train"]}
     for side in SIDES:
@@ -335,14 +351,31 @@ def prepare_dataset(
 
     sources = _describe_sources(splits)
     existing = _check_out_dir(out, options, sources, overwrite)
-    if existing is not None:
-        return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
+    if existing is None:
+        with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
+            # again, now that no other prepare can change it
+            existing = _check_out_dir(out, options, sources, overwrite)
+            if existing is None:
+                manifest, resumed = _build(out, splits, options, sources, say, workers=workers,
+                                           shard_pairs=shard_pairs, chunk_pairs=chunk_pairs,
+                                           progress=progress)
+                return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0,
+                                     resumed_shards=resumed)
+    return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
 
+
+def _build(out: Path, splits: Mapping[str, ParallelSource], options: PrepareOptions, sources: dict,
+           say, *, workers: int | None, shard_pairs: int, chunk_pairs: int, progress: bool) -> tuple[dict, int]:
+    """Build (or resume) the dataset in its work directory and put it at `out`; (its manifest, the
+    training shards kept from an interrupted run). The caller holds `out`'s lock."""
     held = {}  # dev and test: small, read (and checked) whole
     for name, source in splits.items():
         if name != "train":
             say(f"reading {name}: {', '.join(str(p) for p in source.files)}")
             held[name] = source.read()
+            n = int(nul_pairs(*held[name]).sum())
+            if n:
+                say(f"warning: {name}: {n} pair(s) hold NUL bytes (kept: dev and test sets are never filtered)")
     work = work_dir(out)
     state = _resumable(work, options, sources)
     resumed = len(state["shards"]) if state else 0
@@ -367,11 +400,12 @@ def prepare_dataset(
             f.write("\n")
         (work / PROGRESS_FILE).unlink()
         publish_dir(work, out)
+    except OutputError:
+        raise  # an I/O failure (disk full): the finished shards are worth resuming
     except UserError:
         shutil.rmtree(work, ignore_errors=True)  # bad inputs or options: nothing worth resuming
         raise
-    return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0,
-                         resumed_shards=resumed)
+    return manifest, resumed
 
 
 def _manifest(state: dict, options: PrepareOptions, split_info: dict) -> dict:
@@ -388,7 +422,9 @@ def _manifest(state: dict, options: PrepareOptions, split_info: dict) -> dict:
         "tgt_lang": options.tgt_lang,
         "shared_vocab": not options.separate_vocab,
         "vocab": state["vocab"],
-        "options": options.__dict__,
+        # an unset target size is left out, so datasets made before the option keep their key
+        "options": {k: v for k, v in options.__dict__.items()
+                    if not (k == "tgt_vocab_size" and v is None)},
         "splits": split_info,
         "software": {"aiayn": __version__, "sentencepiece": sentencepiece.__version__,
                      "numpy": np.__version__},
@@ -422,6 +458,7 @@ def format_summary(result: PrepareResult) -> str:
         if s["filtered"] is not None:
             f = s["filtered"]
             line += (f"; filtered {s['input_pairs'] - s['pairs']} of {s['input_pairs']} (empty {f['empty']},"
-                     f" too long {f['too_long']}, length ratio {f['length_ratio']})")
+                     f" NUL bytes {f.get('nul', 0)}, too long {f['too_long']}, length ratio "
+                     f"{f['length_ratio']})")
         lines.append(line)
     return "\n".join(lines)

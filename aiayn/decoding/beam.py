@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.decoding.common import (
+    AttentionRequest,
     Hypothesis,
     ban_early_eos,
     decoder_length_cap,
@@ -46,6 +47,7 @@ from aiayn.decoding.common import (
     max_output_lengths,
     next_token_logprobs,
     resolve_mask,
+    unflatten_attention,
 )
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -54,8 +56,9 @@ NEG_INF = float("-inf")
 
 @dataclass
 class _Pool:
-    """Finished hypotheses per sentence, best first: (n, P[, W]) tensors. An empty slot has score
-    -inf and complete False. Tokens are PAD-padded to W, the largest maximum length."""
+    """Finished hypotheses per sentence, best first: (n, P[, W[, A]]) tensors. An empty slot has
+    score -inf and complete False. Tokens are PAD-padded to W, the largest maximum length; `attn`
+    holds the kept attention weights of each step (A = L' h' S values), only when asked for."""
 
     tok: Tensor  # (n, P, W) int64 pieces, no EOS
     tlp: Tensor  # (n, P, W) float32 per-token log-probs (EOS's included when complete)
@@ -63,9 +66,10 @@ class _Pool:
     raw: Tensor  # (n, P) float32 log P(Y | X)
     score: Tensor  # (n, P) float32 raw / lp(|Y|)
     complete: Tensor  # (n, P) bool
+    attn: Tensor | None = None  # (n, P, W, A) float32
 
     @classmethod
-    def empty(cls, n: int, p: int, w: int, device: torch.device) -> "_Pool":
+    def empty(cls, n: int, p: int, w: int, device: torch.device, attn_size: int = 0) -> "_Pool":
         return cls(
             tok=torch.full((n, p, w), PAD_ID, dtype=torch.long, device=device),
             tlp=torch.zeros(n, p, w, dtype=torch.float32, device=device),
@@ -73,18 +77,23 @@ class _Pool:
             raw=torch.full((n, p), NEG_INF, device=device),
             score=torch.full((n, p), NEG_INF, device=device),
             complete=torch.zeros(n, p, dtype=torch.bool, device=device),
+            attn=torch.zeros(n, p, w, attn_size, device=device) if attn_size else None,
         )
 
+    def _present(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
     def rows(self, index: Tensor) -> "_Pool":
-        return _Pool(*(getattr(self, f.name)[index] for f in fields(self)))
+        return _Pool(**{name: getattr(self, name)[index] for name in self._present()})
 
     def put_rows(self, index: Tensor, other: "_Pool") -> None:
-        for f in fields(self):
-            getattr(self, f.name)[index] = getattr(other, f.name)
+        for name in self._present():
+            getattr(self, name)[index] = getattr(other, name)
 
     @staticmethod
     def cat(pools: list["_Pool"]) -> "_Pool":
-        return _Pool(*(torch.cat([getattr(p, f.name) for p in pools], dim=1) for f in fields(_Pool)))
+        return _Pool(**{name: torch.cat([getattr(p, name) for p in pools], dim=1)
+                        for name in pools[0]._present()})
 
     def merge(self, cand: "_Pool") -> "_Pool":
         """Keep the P best of the pool and the candidates (n, C): complete before cut-off, then
@@ -95,30 +104,31 @@ class _Pool:
         order = both.score.argsort(dim=1, descending=True, stable=True)  # (n, P + C)
         flag = both.complete.gather(1, order).to(torch.int8)
         order = order.gather(1, flag.argsort(dim=1, descending=True, stable=True))[:, :p]
-        w = both.tok.size(2)
-        out = {}
-        for f in fields(both):
-            x = getattr(both, f.name)
-            idx = order if x.dim() == 2 else order[:, :, None].expand(-1, -1, w)
-            out[f.name] = x.gather(1, idx)
-        return _Pool(**out)
+        return _Pool(**{name: _gather_beams(getattr(both, name), order)
+                        for name in both._present()})
 
 
 def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
     return F.pad(x, (0, width - x.size(-1)), value=value)
 
 
+def _pad_steps(x: Tensor, width: int) -> Tensor:
+    """Kept attention (n, c, t, A) zero-padded to (n, c, width, A)."""
+    return F.pad(x, (0, 0, 0, width - x.size(2)))
+
+
 def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
-    """x: (n, k, t), beam: (n, c) -> (n, c, t), row j of sentence i is x[i, beam[i, j]]."""
-    return x.gather(1, beam[:, :, None].expand(-1, -1, x.size(2)))
+    """x: (n, k, ...), beam: (n, c) -> (n, c, ...), row j of sentence i is x[i, beam[i, j]]."""
+    idx = beam.reshape(beam.shape + (1,) * (x.dim() - 2))  # (n, c, 1, ...)
+    return x.gather(1, idx.expand(-1, -1, *x.shape[2:]))
 
 
 @torch.inference_mode()
 def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_len_a: float | None = None, max_len_b: float | None = None,
-                nbest: int = 1, early_stop: bool = True, min_len: int = 0
-                ) -> list[list[Hypothesis]]:
+                nbest: int = 1, early_stop: bool = True, min_len: int = 0,
+                attention: AttentionRequest | None = None) -> list[list[Hypothesis]]:
     """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
     (B, S) bool, True at real tokens (default `src != PAD`).
 
@@ -128,7 +138,9 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     `early_stop=False` runs every sentence to its maximum length (for testing: same result).
     `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
     (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
-    The model should be in eval mode.
+    `attention` keeps, for every hypothesis, the cross-attention weights of the steps that made
+    it (`Hypothesis.attention`), following each beam's history through the reorderings; the
+    search itself is unchanged. The model should be in eval mode.
     """
     cfg = decoding_defaults(model)
     k = cfg.beam_size if beam_size is None else int(beam_size)
@@ -152,10 +164,15 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     memory = model.encode(src, src_mask)
     cache = model.new_cache(memory, src_mask)
     cache.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))  # (B*k) rows
-    final = _Pool.empty(n_sent, k, width, device)
+    w_shape = None  # (L', h', S) of the kept attention
+    if attention is not None:
+        w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))
+    a_size = 0 if w_shape is None else w_shape[0] * w_shape[1] * w_shape[2]
+    final = _Pool.empty(n_sent, k, width, device, a_size)
 
     sent = torch.arange(n_sent, device=device)  # (n,) live sentences' indices into the batch
-    pool = _Pool.empty(n_sent, k, width, device)
+    pool = _Pool.empty(n_sent, k, width, device, a_size)
+    hist_w = torch.zeros(n_sent, k, 0, a_size, device=device) if a_size else None  # (n, k, t, A)
     # The k beams start identical; only beam 0 may extend at step 1, or the beam would fill with
     # k copies of the same hypothesis.
     raw = torch.full((n_sent, k), NEG_INF, device=device)
@@ -166,7 +183,11 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     t = 0
     while sent.numel():
         n = sent.numel()
-        logits = model.decode_step(last, cache)  # (n*k, V)
+        if attention is None:
+            logits = model.decode_step(last, cache)  # (n*k, V)
+        else:
+            logits, weights = model.decode_step(last, cache, return_attention=True)
+            step_w = attention.select(weights["cross"]).reshape(n, k, 1, a_size)  # (n, k, 1, A)
         vocab = logits.size(-1)
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
         logp = logp.view(n, k * vocab)
@@ -187,6 +208,9 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         parent_tok, parent_lp = hist_tok, hist_lp  # (n, k, t-1), before this step
         hist_tok = torch.cat([_gather_beams(hist_tok, beam), live_tok[:, :, None]], dim=2)
         hist_lp = torch.cat([_gather_beams(hist_lp, beam), top_lp.gather(1, live)[:, :, None]], 2)
+        parent_w = hist_w
+        if hist_w is not None:
+            hist_w = torch.cat([_gather_beams(hist_w, beam), _gather_beams(step_w, beam)], 2)
 
         # EOS candidates ranked among the first k finish; at the maximum length the live beams
         # are kept too, cut off.
@@ -203,13 +227,17 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                       length=torch.full_like(parent, t - 1),
                       raw=top_raw[:, :k].masked_fill(~ended, NEG_INF),
                       score=(top_raw[:, :k] / lp_t).masked_fill(~ended, NEG_INF),
-                      complete=ended),
+                      complete=ended,
+                      attn=None if hist_w is None else _pad_steps(torch.cat(
+                          [_gather_beams(parent_w, parent), _gather_beams(step_w, parent)], 2),
+                          width)),
                 _Pool(tok=_pad_to(hist_tok, width, PAD_ID),
                       tlp=_pad_to(hist_lp, width, 0.0),
                       length=torch.full_like(beam, t),
                       raw=live_raw.masked_fill(~cut, NEG_INF),
                       score=(live_raw / lp_t).masked_fill(~cut, NEG_INF),
-                      complete=torch.zeros_like(cut)),
+                      complete=torch.zeros_like(cut),
+                      attn=None if hist_w is None else _pad_steps(hist_w, width)),
             ]))
 
         done = at_max | ~torch.isfinite(live_raw[:, 0])
@@ -223,6 +251,7 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
             sent, pool = sent[keep], pool.rows(keep)
             beam, live_raw, live_tok = beam[keep], live_raw[keep], live_tok[keep]
             hist_tok, hist_lp = hist_tok[keep], hist_lp[keep]
+            hist_w = None if hist_w is None else hist_w[keep]
         else:
             keep = torch.arange(n, device=device)
         if not sent.numel():
@@ -234,11 +263,13 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         cache.reorder((keep[:, None] * k + beam).view(-1), cross_index=cross)  # (m*k,)
         raw = live_raw
         last = live_tok.reshape(-1, 1)
-    return _to_hypotheses(final, nbest)
+    return _to_hypotheses(final, nbest, w_shape, src_mask.sum(dim=1).tolist())
 
 
-def _to_hypotheses(final: _Pool, nbest: int) -> list[list[Hypothesis]]:
-    """The first `nbest` non-empty pool entries of each sentence as `Hypothesis` lists."""
+def _to_hypotheses(final: _Pool, nbest: int, w_shape: tuple[int, int, int] | None = None,
+                   src_lens: list[int] | None = None) -> list[list[Hypothesis]]:
+    """The first `nbest` non-empty pool entries of each sentence as `Hypothesis` lists (with
+    their attention, (L', h', steps, S_i), when the pool kept it)."""
     out = []
     tok, tlp = final.tok[:, :nbest].tolist(), final.tlp[:, :nbest].tolist()
     length, raw = final.length[:, :nbest].tolist(), final.raw[:, :nbest].tolist()
@@ -249,7 +280,9 @@ def _to_hypotheses(final: _Pool, nbest: int) -> list[list[Hypothesis]]:
             if score[i][j] == NEG_INF:
                 continue
             steps = length[i][j] + int(complete[i][j])
+            w = (None if final.attn is None
+                 else unflatten_attention(final.attn[i, j], steps, w_shape, src_lens[i]))
             hyps.append(Hypothesis(tok[i][j][: length[i][j]], score[i][j], raw[i][j],
-                                   bool(complete[i][j]), tlp[i][j][:steps]))
+                                   bool(complete[i][j]), tlp[i][j][:steps], w))
         out.append(hyps)
     return out

@@ -42,6 +42,10 @@ class Hypothesis:
     logprob: sum of the log-probabilities of every generated token, EOS included when complete.
     complete: True when the hypothesis ended with EOS, False when cut off at the maximum length.
     token_logprobs: per generated token (len(tokens) + 1 entries when complete: the last is EOS's).
+    attention: only when the search was given an `AttentionRequest`: the cross-attention weights
+      of every decoding step that produced this hypothesis, (L', h', steps, S) float32, steps =
+      len(token_logprobs), S = the sentence's real source tokens (pieces + EOS); layers and
+      heads as the request selects them. Each row sums to 1.
     """
 
     tokens: list[int]
@@ -49,6 +53,54 @@ class Hypothesis:
     logprob: float
     complete: bool = True
     token_logprobs: list[float] = field(default_factory=list, repr=False)
+    attention: Tensor | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class AttentionRequest:
+    """Which encoder-decoder attention weights a search keeps for each hypothesis (off unless
+    given: keeping them costs memory and a second Eq. 1 per step, not a different result).
+
+    layers: decoder layers, 0-based, negative counting from the top (-1 the last); None: all.
+    heads: heads, 0-based; None: all. mean_heads: average the selected heads into one (what
+    word alignments use, and h times less to keep)."""
+
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    mean_heads: bool = False
+
+    def kept(self, n_layers: int, n_heads: int) -> tuple[int, int]:
+        """(L', h'): how many layers and heads `select` keeps of a model with these."""
+        layers = n_layers if self.layers is None else len(self.layers)
+        heads = 1 if self.mean_heads else n_heads if self.heads is None else len(self.heads)
+        return layers, heads
+
+    def select(self, cross: Sequence[Tensor]) -> Tensor:
+        """One step's weights, per layer (B, h, 1, S) -> (B, L', h', S) float32."""
+        n_layers, n_heads = len(cross), cross[0].size(1)
+        layers = range(n_layers) if self.layers is None else self.layers
+        w = torch.stack([cross[check_index(i, n_layers, "layer")] for i in layers], 1)
+        # (B, L', h, 1, S)
+        w = w[:, :, :, 0].float()  # (B, L', h, S)
+        if self.heads is not None:
+            w = w[:, :, [check_index(j, n_heads, "head") for j in self.heads]]
+        return w.mean(dim=2, keepdim=True) if self.mean_heads else w
+
+
+def check_index(i: int, n: int, what: str) -> int:
+    """A 0-based index into n items, negative counting from the end; ValueError when outside."""
+    if not -n <= i < n:
+        raise ValueError(f"{what} {i} does not exist: the model has {n} {what}s")
+    return i % n
+
+
+def unflatten_attention(flat: Tensor, steps: int, shape: tuple[int, int, int], src_len: int
+                        ) -> Tensor:
+    """A search's kept weights of one hypothesis, (W, L' * h' * S) with W >= steps, as
+    `Hypothesis.attention`: (L', h', steps, src_len)."""
+    layers, heads, s = shape
+    w = flat[:steps].reshape(steps, layers, heads, s)  # (steps, L', h', S)
+    return w.permute(1, 2, 0, 3)[..., :src_len].contiguous()  # (L', h', steps, src_len)
 
 
 def next_token_logprobs(logits: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.common import (
+    AttentionRequest,
     Hypothesis,
     ban_early_eos,
     decoder_length_cap,
@@ -20,6 +21,7 @@ from aiayn.decoding.common import (
     max_output_lengths,
     next_token_logprobs,
     resolve_mask,
+    unflatten_attention,
 )
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -27,7 +29,8 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 @torch.inference_mode()
 def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                   max_len_a: float | None = None, max_len_b: float | None = None,
-                  min_len: int = 0) -> list[Hypothesis]:
+                  min_len: int = 0, attention: AttentionRequest | None = None
+                  ) -> list[Hypothesis]:
     """Greedy decoding of a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD;
     src_mask: (B, S) bool, True at real tokens (default `src != PAD`).
 
@@ -35,6 +38,7 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     length penalty: greedy has no competing hypotheses to rank). The model should be in eval
     mode. `max_len_a`/`max_len_b` default to the model config's (1 and 50). `min_len` (not in
     the paper, 0 = off) forbids EOS before step min_len (`common.ban_early_eos`).
+    `attention` keeps each step's cross-attention weights as `Hypothesis.attention`.
     """
     cfg = decoding_defaults(model)
     a = cfg.max_len_a if max_len_a is None else max_len_a
@@ -58,10 +62,20 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     hist_tok = torch.zeros(n, 0, dtype=torch.long, device=device)  # (n_live, t)
     hist_lp = torch.zeros(n, 0, dtype=torch.float32, device=device)
     raw = torch.zeros(n, dtype=torch.float32, device=device)  # running sum, as beam search keeps it
+    hist_w = out_w = w_shape = None  # kept attention: (n_live, t, A), (n, width, A), (L', h', S)
     last = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
     t = 0
     while rows.numel():
-        logits = model.decode_step(last, cache)  # (n_live, V)
+        if attention is None:
+            logits = model.decode_step(last, cache)  # (n_live, V)
+        else:
+            logits, weights = model.decode_step(last, cache, return_attention=True)
+            step_w = attention.select(weights["cross"])  # (n_live, L', h', S)
+            w_shape = tuple(step_w.shape[1:])
+            step_w = step_w.flatten(1)[:, None]  # (n_live, 1, A)
+            hist_w = step_w if hist_w is None else torch.cat([hist_w, step_w], dim=1)
+            if out_w is None:
+                out_w = step_w.new_zeros(n, width, step_w.size(2))
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n_live, V) float32
         tok_lp, tok = logp.max(dim=-1)  # (n_live,)
         hist_tok = torch.cat([hist_tok, tok[:, None]], dim=1)  # (n_live, t+1)
@@ -78,6 +92,9 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
             out_complete[d] = ended[done]
             out_raw[d] = raw[done]
             keep = (~done).nonzero().squeeze(1)
+            if hist_w is not None:
+                out_w[d, :t] = hist_w[done]
+                hist_w = hist_w[keep]
             rows, hist_tok, hist_lp, tok = rows[keep], hist_tok[keep], hist_lp[keep], tok[keep]
             raw = raw[keep]
             if rows.numel():
@@ -86,7 +103,10 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
 
     hyps = []
     toks, lps, raws = out_tok.tolist(), out_lp.tolist(), out_raw.tolist()
+    src_lens = src_mask.sum(dim=1).tolist()
     for i, (length, complete) in enumerate(zip(out_len.tolist(), out_complete.tolist())):
         steps = length + int(complete)
-        hyps.append(Hypothesis(toks[i][:length], raws[i], raws[i], bool(complete), lps[i][:steps]))
+        w = None if out_w is None else unflatten_attention(out_w[i], steps, w_shape, src_lens[i])
+        hyps.append(Hypothesis(toks[i][:length], raws[i], raws[i], bool(complete), lps[i][:steps],
+                               w))
     return hyps

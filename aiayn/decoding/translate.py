@@ -20,11 +20,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
+from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.common import Hypothesis, decoding_defaults, source_batch
+from aiayn.decoding.common import (AttentionRequest, Hypothesis, check_index, decoding_defaults,
+                                   source_batch)
 from aiayn.decoding.greedy import greedy_search
+from aiayn.errors import UserError
 
 DEFAULT_MAX_SRC_TOKENS = 1024
 
@@ -46,6 +50,8 @@ class SearchOptions:
     # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes
     # exactly min_len steps: benchmarks use it so that every system does the same work.
     min_len: int = 0
+    # Keep the cross-attention weights behind each hypothesis (`Hypothesis.attention`); None: off.
+    attention: AttentionRequest | None = None
 
     def validate(self, cfg: Any = None) -> "SearchOptions":
         """Raise ValueError for impossible settings (the CLI turns them into UserErrors)."""
@@ -118,11 +124,12 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
                 src, src_mask = source_batch([sources[i] for i in batch], device)
                 if options.greedy:
                     found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,
-                                                        options.max_len_b, options.min_len)]
+                                                        options.max_len_b, options.min_len,
+                                                        options.attention)]
                 else:
                     found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
                                         options.max_len_a, options.max_len_b, options.nbest,
-                                        min_len=options.min_len)
+                                        min_len=options.min_len, attention=options.attention)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
                 bar.update(len(batch))
@@ -207,11 +214,12 @@ class Translator:
         return self.tgt_tokenizer.decode(tokens).replace("\n", " ")
 
     # --- translation -------------------------------------------------------------------------
-    def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False
-               ) -> list[list[Hypothesis]]:
+    def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False,
+               attention: AttentionRequest | None = None) -> list[list[Hypothesis]]:
         """Token ids in, hypotheses out (input order); an empty source gives one empty
-        hypothesis with score 0 without running the model."""
-        options = replace(self.options, nbest=nbest).validate(self.cfg)
+        hypothesis with score 0 without running the model. `attention`: keep the weights the
+        search used (`Hypothesis.attention`)."""
+        options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
         todo = [i for i, s in enumerate(sources) if len(s)]
         found = search_batched(self.model, [sources[i] for i in todo], options, self.bf16, progress)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
@@ -230,6 +238,47 @@ class Translator:
         """Per line, up to `nbest` (score, text) pairs, best first."""
         found = self.search(self.prepare(lines, first_line), nbest, progress)
         return [[(h.score, self.detokenize(h.tokens)) for h in hyps] for hyps in found]
+
+    def align(self, lines: Sequence[str], layer: int = -1, head: int | None = None,
+              unit: Unit = "word", progress: bool = False, first_line: int = 1
+              ) -> list[SentenceAlignment]:
+        """Translate each line (best hypothesis, as `translate`) and return it with the
+        encoder-decoder attention the search used and the word alignment taken from it
+        (`aiayn.decoding.alignment`): decoder layer `layer` (0-based, negative from the top;
+        default the last), head `head` (0-based) or None for the mean of all heads.
+
+            a = tr.align(["A dog runs."])[0]
+            a.translation, a.src_pieces, a.tgt_pieces   # text, S and T piece strings
+            a.attention                                  # (T, S) numpy, rows sum to 1
+            a.pairs, a.format("hard")                    # [(0, 0), ...], "0-0 1-1 ..."
+        """
+        n_layers = self.cfg.n_layers
+        if unit not in ("word", "piece"):
+            raise UserError(f"alignment unit must be 'word' or 'piece', got {unit!r}")
+        try:
+            layer = check_index(layer, n_layers, "layer")
+            if head is not None:
+                head = check_index(head, self.cfg.n_heads, "head")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        request = AttentionRequest(layers=(layer,), heads=None if head is None else (head,),
+                                   mean_heads=True)
+        sources = self.prepare(lines, first_line)
+        found = self.search(sources, 1, progress, attention=request)
+        out = []
+        for line, src, hyps in zip(lines, sources, found):
+            h = hyps[0] if hyps else Hypothesis([], 0.0, 0.0)
+            if not src or h.attention is None:  # blank line: nothing was translated
+                out.append(SentenceAlignment.build(line, "", [], [], np.zeros((0, 0), np.float32),
+                                                   layer, head, unit))
+                continue
+            src_pieces = [self.src_tokenizer.id_to_piece(i) for i in src] + [EOS_PIECE]
+            tgt_pieces = [self.tgt_tokenizer.id_to_piece(i) for i in h.tokens]
+            tgt_pieces += [EOS_PIECE] if h.complete else []
+            attn = h.attention[0, 0].cpu().numpy()  # (T, S)
+            out.append(SentenceAlignment.build(line, self.detokenize(h.tokens), src_pieces,
+                                               tgt_pieces, attn, layer, head, unit))
+        return out
 
 
 def format_nbest(index: int, entries: Sequence[tuple[float, str]]) -> Iterator[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,9 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.config import Config
+
+if TYPE_CHECKING:  # a mask type of restricted self-attention (aiayn.model.banded imports this module)
+    from aiayn.model.banded import Band
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -110,11 +114,22 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(memory).split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "Tensor | Band | None",
+               is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attention over projected heads, then concat and W^O. Returns (B, T, d_model) and the
-        (B, h, T, S) weights when asked (explicit path; same outputs as the fused kernel)."""
+        (B, h, T, S) weights when asked (explicit path; same outputs as the fused kernel).
+        A `Band` mask (restricted self-attention) computes only each query's window; asked for
+        weights, it is made dense (for pictures, not speed)."""
+        from aiayn.model.banded import Band, banded_attention
+
         p = self.p_attn_drop if self.training else 0.0
+        if isinstance(mask, Band):
+            if need_weights:
+                mask = mask.dense(q.size(-2), q.device)
+            else:
+                out = banded_attention(q, k, v, mask, p)  # (B, h, T, d_v)
+                b, _, t, _ = out.shape
+                return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_v)), None
         if need_weights:
             if is_causal:
                 mask = causal_mask(q.size(-2), q.device)

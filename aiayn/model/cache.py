@@ -3,6 +3,11 @@
 At decoding step t the decoder's self-attention needs the keys and values of all earlier target
 positions; recomputing them would make a sequence of length T cost O(T^2) projections. The cache
 keeps them, and the cross-attention keys/values of the encoder output, which never change.
+
+With restricted self-attention (`Config.attn_window` = r) a query sees only the last r + 1
+positions, so the cache keeps just those: a ring of `window` = r + 1 slots, position t in slot
+t mod window. Attention is a sum over the keys, so their order in the ring does not matter, and
+a decoding step then costs O(r d) however long the output grows.
 """
 
 from __future__ import annotations
@@ -11,6 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+
+def source_rows(index: Tensor, cross_index: Tensor | None | bool) -> Tensor | None:
+    """In a reorder, the rows the source side (cross-attention keys, source mask) takes:
+    `index` when cross_index is True, its own index when a tensor, none (stays) when None."""
+    if cross_index is None:
+        return None
+    return index if cross_index is True else cross_index
 
 
 @dataclass
@@ -24,8 +37,10 @@ class KVCache:
       cross_v: (L, B, h, S, d_v)         encoder-output values, computed once
       src_mask: (B, S) bool              True at real source tokens (may attend)
       length: int                        target positions decoded so far (the next position)
+      window: int | None                 restricted attention: slots kept (r + 1); None: all
 
-    `capacity` grows by doubling when full, so callers need not know the output length.
+    `capacity` grows by doubling when full, so callers need not know the output length; with a
+    window it stops at `window`, and then new positions overwrite the oldest.
     """
 
     self_k: Tensor
@@ -34,6 +49,7 @@ class KVCache:
     cross_v: Tensor
     src_mask: Tensor
     length: int = 0
+    window: int | None = None
     # The buffers `reorder` writes into next (same shapes as self_k/self_v, contents stale).
     _spare_k: Tensor | None = field(default=None, repr=False)
     _spare_v: Tensor | None = field(default=None, repr=False)
@@ -46,24 +62,38 @@ class KVCache:
     def capacity(self) -> int:
         return self.self_k.size(3)
 
+    @property
+    def filled(self) -> int:
+        """Slots holding a position: length, or at most `window` with restricted attention."""
+        return self.length if self.window is None else min(self.length, self.window)
+
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new position's k (B, h, 1, d_k) and v (B, h, 1, d_v) for one layer and return
-        that layer's keys and values for positions [0, length] (views, no copy)."""
+        that layer's keys and values for positions [0, length], or for the last `window` of them
+        in ring order (views, no copy)."""
         t = self.length
-        self.self_k[layer, :, :, t : t + 1] = k
-        self.self_v[layer, :, :, t : t + 1] = v
-        return self.self_k[layer, :, :, : t + 1], self.self_v[layer, :, :, : t + 1]
+        slot, n = t, t + 1
+        if self.window is not None:
+            slot, n = t % self.window, min(t + 1, self.window)
+        self.self_k[layer, :, :, slot : slot + 1] = k
+        self.self_v[layer, :, :, slot : slot + 1] = v
+        return self.self_k[layer, :, :, :n], self.self_v[layer, :, :, :n]
 
     def ensure_capacity(self, needed: int) -> None:
+        if self.window is not None:
+            needed = min(needed, self.window)
         if needed <= self.capacity:
             return
         new_cap = max(needed, 2 * self.capacity)
+        if self.window is not None:
+            new_cap = min(new_cap, self.window)
+        filled = self.filled
 
         def grow(buf: Tensor) -> Tensor:
             shape = list(buf.shape)
             shape[3] = new_cap
             out = buf.new_zeros(shape)
-            out[:, :, :, : self.length] = buf[:, :, :, : self.length]
+            out[:, :, :, :filled] = buf[:, :, :, :filled]
             return out
 
         self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
@@ -73,14 +103,14 @@ class KVCache:
         """Select batch rows: row i of the result is row index[i] (beam search reorders
         hypotheses after each step, and expands each sentence to k beams at the start).
 
-        Only the filled positions [0, length) of the self-attention buffers are copied, once,
+        Only the filled slots (`filled`) of the self-attention buffers are copied, once,
         straight into a second pair of buffers that then swaps with the first (beam search
         reorders at every step: a gather then a copy back would move the cache twice, and a
         fresh buffer per step would cost page faults).
         `cross_index` selects the cross-attention rows: True (default) means `index`; None means
         leave them as they are, which is right when every row keeps its source sentence (the
         beams of one sentence share their cross keys/values); a tensor gives their own index."""
-        t = self.length
+        t = self.filled
 
         def select(buf: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
             shape = list(buf.shape)
@@ -96,19 +126,22 @@ class KVCache:
 
         self.self_k, self._spare_k = select(self.self_k, self._spare_k)
         self.self_v, self._spare_v = select(self.self_v, self._spare_v)
-        if cross_index is None:
+        ci = source_rows(index, cross_index)
+        if ci is None:
             return
-        ci = index if cross_index is True else cross_index
         self.cross_k = self.cross_k.index_select(1, ci)
         self.cross_v = self.cross_v.index_select(1, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
 
     @classmethod
     def allocate(cls, n_layers: int, batch: int, n_heads: int, d_k: int, d_v: int,
-                 cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, capacity: int) -> "KVCache":
+                 cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, capacity: int,
+                 window: int | None = None) -> "KVCache":
         opts = dict(dtype=cross_k.dtype, device=cross_k.device)
+        if window is not None:
+            capacity = min(capacity, window)
         return cls(
             self_k=torch.zeros(n_layers, batch, n_heads, capacity, d_k, **opts),
             self_v=torch.zeros(n_layers, batch, n_heads, capacity, d_v, **opts),
-            cross_k=cross_k, cross_v=cross_v, src_mask=src_mask,
+            cross_k=cross_k, cross_v=cross_v, src_mask=src_mask, window=window,
         )

@@ -18,7 +18,7 @@ and saved. What maps one to one:
   their positions; CTranslate2 starts decoding with our BOS, stops on our EOS, and appends EOS
   to each source itself (`add_source_eos`), as our batches do.
 
-Refused with a `UserError` naming the option: `attn_window` (CTranslate2 has no two-sided window
+Refused with a `UserError` naming the option: `arch` other than the Transformer, `attn_window` (CTranslate2 has no two-sided window
 for the encoder) and d_k != d_v (it has one head size for queries, keys and values).
 
 Two behaviours stay with the caller: aiayn's searches never emit PAD or BOS, so pass
@@ -53,6 +53,9 @@ def require_ctranslate2() -> Any:
 
 def check_exportable(cfg: Config) -> None:
     """Refuse, in one line naming the option, what CTranslate2 cannot represent."""
+    if cfg.arch != "transformer":
+        raise UserError(f"cannot export arch={cfg.arch!r} to CTranslate2: only the Transformer "
+                        "is exported")
     if cfg.attn_window is not None:
         raise UserError(f"cannot export attn_window={cfg.attn_window} to CTranslate2: it has no "
                         "restricted (windowed) self-attention for the encoder")

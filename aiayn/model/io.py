@@ -4,7 +4,8 @@
     config.json          the `Config` (architecture, recipe, decoding defaults)
     model.safetensors    the weights (shared matrices stored once)
     spm.model            the shared sentencepiece model, or src.spm.model + tgt.spm.model
-    meta.json            free-form facts: languages, step, data manifest, metrics
+    meta.json            facts about the model: languages, step, data, dev figures (`META_SCHEMA`
+                         gives the fields aiayn writes; others may be added)
 
 Directories are written to a temporary sibling and renamed into place, so a reader never sees a
 half-written model.
@@ -24,15 +25,22 @@ from safetensors.torch import load_file, save_file
 
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.io import write_dir_atomically
+from aiayn.io import read_json, write_dir_atomically
 
 CONFIG_FILE, WEIGHTS_FILE, META_FILE = "config.json", "model.safetensors", "meta.json"
 SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
 
+# The fields of meta.json that aiayn writes, each optional (aiayn.io.check_schema).
+META_SCHEMA = {
+    "?step": int, "?epoch": float, "?src_lang": (str, None), "?tgt_lang": (str, None),
+    "?dataset": str, "?dataset_fingerprint": (str, None), "?dev": (dict, None),
+    "?bleu_signature": (str, None), "?averaged_from": [str],
+}
+
 
 @dataclass
 class LoadedModel:
-    model: Any  # aiayn.model.Transformer, in eval mode
+    model: Any  # what aiayn.model.build_model makes (a Transformer by default), in eval mode
     cfg: Config
     src_tokenizer: Any  # aiayn.data.tokenizer.Tokenizer (the same object when shared)
     tgt_tokenizer: Any
@@ -72,10 +80,13 @@ def read_config(path: str | os.PathLike) -> Config:
         raise UserError(f"{p}: no such model directory")
     if not (p / CONFIG_FILE).exists():
         raise UserError(f"{p} is not an aiayn model directory (no {CONFIG_FILE})")
-    try:
-        return Config.from_dict(json.loads((p / CONFIG_FILE).read_text(encoding="utf-8")))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg})") from None
+    return Config.from_dict(read_json(p / CONFIG_FILE), str(p / CONFIG_FILE))
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """A model directory's meta.json, checked against `META_SCHEMA` ({} when there is none)."""
+    f = Path(path) / META_FILE
+    return read_json(f, META_SCHEMA) if f.exists() else {}
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -105,11 +116,11 @@ def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], w
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Read a model directory: model (eval mode, on `device`), config, tokenizers and meta."""
     from aiayn.data.tokenizer import Tokenizer  # sentencepiece, only when loading
-    from aiayn.model.transformer import Transformer
+    from aiayn.model.build import build_model
 
     p = Path(path)
     cfg = read_config(p)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     load_state_checked(model, read_weights(p), str(p))
     toks = tokenizer_files(p)
     if SHARED_SPM in toks:
@@ -118,10 +129,4 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
         src_tok, tgt_tok = Tokenizer.load(toks[SRC_SPM]), Tokenizer.load(toks[TGT_SPM])
     else:
         raise UserError(f"{p} has no tokenizer ({SHARED_SPM}, or {SRC_SPM} and {TGT_SPM})")
-    meta = {}
-    if (p / META_FILE).exists():
-        try:
-            meta = json.loads((p / META_FILE).read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{p / META_FILE}: not valid JSON ({e})") from None
-    return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, meta, p)
+    return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, read_meta(p), p)

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MultiHeadAttention, attention_weights
+from aiayn.model.banded import Band
 from aiayn.model.cache import KVCache
 from aiayn.model.dropout import dropout
 
@@ -53,9 +54,10 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.res_attn, self.res_ffn = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False
+    def forward(self, x: Tensor, mask: Tensor | Band, need_weights: bool = False
                 ) -> tuple[Tensor, Tensor | None]:
-        """x: (B, S, d_model); mask broadcastable to (B, h, S, S), True = may attend."""
+        """x: (B, S, d_model); mask broadcastable to (B, h, S, S), True = may attend, or a `Band`
+        (restricted self-attention)."""
         q, k, v = self.self_attn.project_qkv(self.res_attn.inp(x))
         a, w = self.self_attn.attend(q, k, v, mask, need_weights=need_weights)
         x = self.res_attn.out(x, a)
@@ -72,10 +74,10 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.res_self, self.res_cross, self.res_ffn = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, y: Tensor, memory: Tensor, self_mask: Tensor | None, cross_mask: Tensor,
+    def forward(self, y: Tensor, memory: Tensor, self_mask: Band | None, cross_mask: Tensor,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """y: (B, T, d_model), memory: (B, S, d_model). `self_mask` None means plain causal
-        masking; cross_mask broadcastable to (B, h, T, S)."""
+        masking, a `Band` restricted (causal) attention; cross_mask broadcastable to (B, h, T, S)."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
         a, w_self = self.self_attn.attend(q, k, v, self_mask, is_causal=self_mask is None,
                                           need_weights=need_weights)
@@ -86,15 +88,22 @@ class DecoderLayer(nn.Module):
         y = self.res_cross.out(y, a)
         return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
 
-    def step(self, y: Tensor, cache: KVCache, layer: int, self_mask: Tensor | None) -> Tensor:
-        """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache.
-        `self_mask` (1, length+1) is only needed for restricted attention."""
+    def step(self, y: Tensor, cache: KVCache, layer: int,
+             need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache and
+        attends to every position the cache returns (with restricted attention, the window).
+        With `need_weights` also returns the self-attention (B, h, 1, n) weights over the n
+        cached positions and the cross-attention (B, h, 1, S) weights, computed beside the fused
+        kernel (Eq. 1 again from the same q and k), so the outputs stay bit-identical to a step
+        without weights."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
-        k_all, v_all = cache.append(layer, k, v)  # (B, h, t+1, d_k), (B, h, t+1, d_v)
-        a, _ = self.self_attn.attend(q, k_all, v_all, self_mask)
+        k_all, v_all = cache.append(layer, k, v)  # (B, h, n, d_k), (B, h, n, d_v), n <= t+1
+        a, _ = self.self_attn.attend(q, k_all, v_all, None)
+        w_self = attention_weights(q, k_all) if need_weights else None
         y = self.res_self.out(y, a)
         q = self.cross_attn.project_q(self.res_cross.inp(y))
         cross_mask = cache.src_mask[:, None, None, :]  # (B, 1, 1, S)
         a, _ = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask)
+        w_cross = attention_weights(q, cache.cross_k[layer], cross_mask) if need_weights else None
         y = self.res_cross.out(y, a)
-        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y)))
+        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.model.attention import window_mask
+from aiayn.model.banded import Band
 from aiayn.model.cache import KVCache
 from aiayn.model.dropout import dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
@@ -87,21 +87,15 @@ class Transformer(nn.Module):
         return F.linear(y, self.target_embedding.weight)
 
     # --- masks -----------------------------------------------------------------------------
-    def _encoder_mask(self, src_mask: Tensor) -> Tensor:
-        s = src_mask.size(1)
-        mask = src_mask[:, None, None, :]  # (B, 1, 1, S): keys that are real tokens
-        if self.cfg.attn_window is not None:
-            allowed = window_mask(s, s, self.cfg.attn_window, causal=False, device=src_mask.device)
-            # A padded query far from any real token would see no key at all (NaN softmax);
-            # letting every query see itself keeps padded rows finite and changes no real row.
-            eye = torch.eye(s, dtype=torch.bool, device=src_mask.device)
-            mask = (mask & allowed) | eye  # (B, 1, S, S)
-        return mask
+    def _encoder_mask(self, src_mask: Tensor) -> Tensor | Band:
+        if self.cfg.attn_window is not None:  # restricted (Table 1), computed banded
+            return Band(self.cfg.attn_window, causal=False, key_mask=src_mask)
+        return src_mask[:, None, None, :]  # (B, 1, 1, S): keys that are real tokens
 
-    def _decoder_self_mask(self, t: int, device: torch.device) -> Tensor | None:
+    def _decoder_self_mask(self) -> Band | None:
         if self.cfg.attn_window is None:
             return None  # plain causal masking, done inside the attention kernel
-        return window_mask(t, t, self.cfg.attn_window, causal=True, device=device)  # (T, T)
+        return Band(self.cfg.attn_window, causal=True)
 
     # --- full-sequence passes ----------------------------------------------------------------
     def encode(self, src: Tensor, src_mask: Tensor | None = None, return_attention: bool = False):
@@ -122,7 +116,7 @@ class Transformer(nn.Module):
                return_attention: bool = False):
         """tgt_in: (B, T), memory: (B, S, d_model), src_mask: (B, S) -> logits (B, T, V_tgt)
         [, {"self": [...], "cross": [...]} attention weights per layer]."""
-        self_mask = self._decoder_self_mask(tgt_in.size(1), tgt_in.device)
+        self_mask = self._decoder_self_mask()
         cross_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         y = self._embed(tgt_in, self.target_embedding, self.tgt_pos)
         ws, wc = [], []
@@ -149,27 +143,34 @@ class Transformer(nn.Module):
     # --- incremental decoding ----------------------------------------------------------------
     def new_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64) -> KVCache:
         """Start decoding a batch: computes every layer's cross-attention keys/values once.
-        memory: (B, S, d_model), src_mask: (B, S) bool."""
+        memory: (B, S, d_model), src_mask: (B, S) bool. With restricted attention the cache keeps
+        only the last attn_window + 1 positions (all a query's window holds)."""
         ks, vs = zip(*(layer.cross_attn.project_kv(memory) for layer in self.decoder))
         cfg = self.cfg
+        window = None if cfg.attn_window is None else cfg.attn_window + 1
         return KVCache.allocate(
             cfg.n_layers, memory.size(0), cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v,
             cross_k=torch.stack(ks), cross_v=torch.stack(vs),  # (L, B, h, S, d_k), (L, B, h, S, d_v)
-            src_mask=src_mask, capacity=capacity)
+            src_mask=src_mask, capacity=capacity, window=window)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: KVCache, return_attention: bool = False):
         """Feed one token per row, (B, 1), at position `cache.length`; returns next-token logits
-        (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested)."""
+        (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
+        With `return_attention` also returns {"self": [(B, h, 1, t+1)], "cross": [(B, h, 1, S)]},
+        one entry per layer: this step's weights, equal to row t of a teacher-forced `decode`
+        (tested); the logits are the same as without it. With restricted attention the self
+        entries cover only the window the cache holds, in the cache's order."""
         t = cache.length
         cache.ensure_capacity(t + 1)
-        self_mask = None
-        if self.cfg.attn_window is not None:
-            self_mask = window_mask(1, t + 1, self.cfg.attn_window, causal=True, offset=t,
-                                    device=tokens.device)  # (1, t+1)
         y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=t)  # (B, 1, d_model)
+        ws, wc = [], []
         for i, layer in enumerate(self.decoder):
-            y = layer.step(y, cache, i, self_mask)
+            # a windowed cache holds exactly the window: no mask
+            y, w_self, w_cross = layer.step(y, cache, i, need_weights=return_attention)
+            ws.append(w_self)
+            wc.append(w_cross)
         cache.length = t + 1
         if self.dec_norm is not None:
             y = self.dec_norm(y)
-        return self.logits(y[:, 0])  # (B, V_tgt)
+        logits = self.logits(y[:, 0])  # (B, V_tgt)
+        return (logits, {"self": ws, "cross": wc}) if return_attention else logits

@@ -19,7 +19,7 @@ from typing import Callable
 from dataclasses import replace
 
 from aiayn.config import BASE, load_config
-from aiayn.io import atomic_write
+from aiayn.io import atomic_write, read_json
 
 # The demo's model: 3+3 layers of width 128, chosen by 3-minute runs scored on the validation
 # words (docs/experiments/g2p.md): at this budget d_model 128 beats 256 (more epochs) and p_drop
@@ -111,9 +111,10 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
         averaged = _final_model(run, model)
         log(f"final model: the average of {len(averaged)} checkpoints ({', '.join(averaged)})")
     else:
-        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+        summary = read_json(run / "summary.json", dict) if (run / "summary.json").exists() else {}
         # The model may predate a change of the default preset: report what it was trained with.
-        before = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+        before = (read_json(out / "results.json", {"?preset": str, "?overrides": [str]})
+                  if (out / "results.json").exists() else {})
         preset, overrides = before.get("preset", f"{preset}?"), before.get("overrides", overrides)
         log(f"reusing the trained model in {model} (preset {preset}; pass --retrain to train again)")
 

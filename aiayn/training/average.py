@@ -4,7 +4,6 @@ checkpoints (written at 10-minute intervals), the big model the last 20.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -71,33 +70,33 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
                         overwrite: bool = False) -> Path:
     """Average the model directories `inputs` into a new model directory `out`: averaged weights,
     with the config, tokenizer and meta of the last input (the newest, as `checkpoints_of_run`
-    orders them). No trainer state: the result is for translating, not for resuming."""
-    from aiayn.io import check_writable, write_dir_atomically
-    from aiayn.model.io import META_FILE, fill_model_dir, read_config, read_weights, tokenizer_files
+    orders them). No trainer state: the result is for translating, not for resuming. A second
+    average into the same `out` meanwhile is refused (`aiayn.io.exclusive_lock`)."""
+    from aiayn.io import check_writable, exclusive_lock, write_dir_atomically
+    from aiayn.model.io import fill_model_dir, read_config, read_meta, read_weights, tokenizer_files
 
     paths = [Path(p) for p in inputs]
     if not paths:
         raise UserError("nothing to average: no checkpoints given")
-    out = check_writable(out, overwrite)
-    if out.exists() and not (out / "config.json").is_file():
-        raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
-    if any(out.resolve() == p.resolve() for p in paths):
-        raise UserError(f"{out} is one of the inputs; choose another --out")
-    configs = [read_config(p) for p in paths]
-    check_same_architecture(configs, [str(p) for p in paths])
-    toks = [tokenizer_files(p) for p in paths]
-    last_toks = {n: f.read_bytes() for n, f in toks[-1].items()}
-    for p, t in zip(paths, toks):
-        if {n: f.read_bytes() for n, f in t.items()} != last_toks:
-            raise UserError(f"{p} has a different tokenizer from {paths[-1]}; they are not from one run")
-    acc = RunningMean()
-    for p in paths:
-        acc.add(read_weights(p), str(p))
-    avg = acc.result()
-    meta = {}
-    if (paths[-1] / META_FILE).exists():
-        meta = json.loads((paths[-1] / META_FILE).read_text(encoding="utf-8"))
-    meta.pop("trainer", None)
-    meta["averaged_from"] = [str(p) for p in paths]
-    write_dir_atomically(out, lambda tmp: fill_model_dir(tmp, avg, configs[-1], toks[-1], meta))
+    with exclusive_lock(out, "aiayn average", "wait for it to finish, or choose another --out"):
+        out = check_writable(out, overwrite)
+        if out.exists() and not (out / "config.json").is_file():
+            raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
+        if any(out.resolve() == p.resolve() for p in paths):
+            raise UserError(f"{out} is one of the inputs; choose another --out")
+        configs = [read_config(p) for p in paths]
+        check_same_architecture(configs, [str(p) for p in paths])
+        toks = [tokenizer_files(p) for p in paths]
+        last_toks = {n: f.read_bytes() for n, f in toks[-1].items()}
+        for p, t in zip(paths, toks):
+            if {n: f.read_bytes() for n, f in t.items()} != last_toks:
+                raise UserError(f"{p} has a different tokenizer from {paths[-1]}; they are not from one run")
+        acc = RunningMean()
+        for p in paths:
+            acc.add(read_weights(p), str(p))
+        avg = acc.result()
+        meta = read_meta(paths[-1])
+        meta.pop("trainer", None)
+        meta["averaged_from"] = [str(p) for p in paths]
+        write_dir_atomically(out, lambda tmp: fill_model_dir(tmp, avg, configs[-1], toks[-1], meta))
     return out

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn import io
 from aiayn.config import Config
 from aiayn.errors import UserError
 from aiayn.io import fsync_dir
@@ -71,23 +72,23 @@ def has_run_outputs(run_dir: str | os.PathLike) -> bool:
     return bool(list_checkpoints(r)) or (r / BEST).exists() or os.path.lexists(r / LAST)
 
 def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
-    """Delete the temporary directories of checkpoint writes a kill interrupted (never listed as
-    checkpoints, but they take space)."""
+    """Delete what writes a kill interrupted left in a run (temporary checkpoint directories,
+    never listed as checkpoints but taking space; half-written logs). The caller holds the run's
+    lock, so no other process is writing there: hidden `.step_*` directories of any age go too."""
     root = Path(run_dir) / CHECKPOINTS
+    io.remove_stale_temporaries(run_dir)
+    io.remove_stale_temporaries(root)
     if root.is_dir():
         for d in root.iterdir():
-            if d.name.startswith(".step_") and d.is_dir():
+            if d.name.startswith(".step_") and d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d, ignore_errors=True)
 
 
 def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove what a training run writes into `run_dir` (for --overwrite), and nothing else."""
     r = Path(run_dir)
-    for name in (CHECKPOINTS, BEST, "tb"):
-        shutil.rmtree(r / name, ignore_errors=True)
-    for name in (LAST, "metrics.jsonl", "run.json", "summary.json"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(r / name)
+    for name in (CHECKPOINTS, BEST, "tb", LAST, "metrics.jsonl", "run.json", "summary.json"):
+        io.delete_atomically(r / name)  # a kill midway leaves no half-deleted checkpoint
 
 # --- RNG states -------------------------------------------------------------------------------
 
@@ -123,6 +124,30 @@ def _tupleize(x: Any) -> Any:
 def all_finite(state: dict[str, torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
 
+def save_torch(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, so that a failed write keeps its OS error: torch's own
+    file writer reports a full disk only as "unexpected pos", which no one can act on."""
+    failures: list[OSError] = []
+
+    with open(path, "wb") as f:
+        class Recording:
+            def write(self, data: bytes) -> int:
+                try:
+                    return f.write(data)
+                except OSError as e:
+                    failures.append(e)
+                    raise
+
+            def flush(self) -> None:
+                f.flush()
+
+        try:
+            torch.save(obj, Recording())
+        except RuntimeError:
+            if failures:
+                raise failures[0] from None
+            raise
+
 def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, torch.Tensor],
                     cfg: Config, tokenizers: dict[str, Path], meta: dict,
                     trainer_state: dict[str, Any], keep: int) -> Path:
@@ -137,7 +162,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, to
 
     def fill(tmp: Path) -> None:
         fill_model_dir(tmp, weights, cfg, tokenizers, meta)
-        torch.save(trainer_state, tmp / TRAINER_STATE)
+        save_torch(trainer_state, tmp / TRAINER_STATE)
 
     path = write_dir_atomically(step_dir(run_dir, step), fill)
     point_last(run_dir, path)
@@ -161,10 +186,8 @@ def point_last(run_dir: str | os.PathLike, target: Path) -> None:
     from aiayn.io import atomic_write
 
     run = Path(run_dir)
-    link, tmp = run / LAST, run / f".{LAST}.tmp"
+    link, tmp = run / LAST, io.temp_path(run / LAST)
     rel = os.path.relpath(target, run)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
     try:
         os.symlink(rel, tmp)
     except OSError:
@@ -178,7 +201,7 @@ def point_last(run_dir: str | os.PathLike, target: Path) -> None:
 def prune(run_dir: str | os.PathLike, keep: int) -> None:
     ckpts = list_checkpoints(run_dir)
     for _, d in ckpts[: max(0, len(ckpts) - keep)]:
-        shutil.rmtree(d, ignore_errors=True)
+        io.delete_atomically(d)  # never a half-deleted checkpoint that still looks complete
     for _, d in ckpts[max(0, len(ckpts) - keep): -1]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(d / TRAINER_STATE)
@@ -219,23 +242,58 @@ def reconcile(saved: Config, wanted: Config | None, where: Path) -> tuple[Config
 
 # --- reading ----------------------------------------------------------------------------------
 
+_RNG_SCHEMA = {
+    "python": (tuple, list),
+    "numpy": {"kind": str, "keys": torch.Tensor, "pos": int, "has_gauss": int, "gauss": float},
+    "torch": torch.Tensor, "?cuda": torch.Tensor,
+}
+# What the trainer reads from trainer_state.pt (checked before any of it is used).
+STATE_SCHEMA = {
+    "format": frozenset({STATE_FORMAT}), "version": int, "step": int,
+    "optimizer": {"state": dict, "param_groups": [dict]}, "scaler": dict,
+    "sampler": {"epoch": int, "position": int},
+    "ranks": [{"rng": _RNG_SCHEMA}],
+    "progress": {"dev": [dict], "best": (dict, None), "tgt_tokens": int, "src_tokens": int,
+                 "train_seconds": float, "wall_seconds": float, "skipped": int},
+    "run": {"seed": int, "world_size": int, "batch_tokens": int, "accum": int},
+}
+
+
 def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a checkpoint's trainer state. Only tensors and plain data are unpickled
+    (weights_only): a file holding other Python objects is refused, never executed."""
+    import pickle
+
     path = Path(ckpt) / TRAINER_STATE
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UserError(f"{ckpt} has no {TRAINER_STATE}; it cannot be resumed") from None
+    except pickle.UnpicklingError:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head[:1] != b"\x80" and head != b"PK":  # neither a pickle nor torch's zip: damaged
+            raise UserError(f"{path}: cannot read trainer state (damaged or not a PyTorch file)") from None
+        # PyTorch's message would advise weights_only=False: never
+        raise UserError(f"{path}: refused: it holds Python objects other than tensors and plain "
+                        f"data, which aiayn never writes; resume from a checkpoint aiayn wrote") from None
     except Exception as e:  # a damaged or foreign file
-        raise UserError(f"{path}: cannot read trainer state ({e})") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: cannot read trainer state ({reason[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise UserError(f"{path}: not an aiayn trainer state")
-    if state.get("version") == 1:  # its run totals were a dict named "metrics"
-        m = state.pop("metrics")
-        state["progress"] = {"dev": m["history"], "best": m["best"], "tgt_tokens": m["tgt_tokens"],
-                             "src_tokens": m["src_tokens"], "train_seconds": m["train_seconds"],
-                             "wall_seconds": m.get("wall_seconds", 0.0), "skipped": m["skipped"]}
+    if state.get("version") == 1 and isinstance(state.get("metrics"), dict):
+        m = state.pop("metrics")  # version 1 kept its run totals in a dict named "metrics"
+        state["progress"] = {"dev": m.get("history"), "best": m.get("best"),
+                             "tgt_tokens": m.get("tgt_tokens"), "src_tokens": m.get("src_tokens"),
+                             "train_seconds": m.get("train_seconds"),
+                             "wall_seconds": m.get("wall_seconds", 0.0), "skipped": m.get("skipped")}
     elif state.get("version") != STATE_VERSION:
         raise UserError(f"{path}: trainer state version {state.get('version')}, expected {STATE_VERSION}")
+    io.check_schema(state, STATE_SCHEMA, str(path))
+    if len(state["ranks"]) != state["run"]["world_size"]:
+        raise UserError(f"{path}: field 'ranks' holds {len(state['ranks'])} entries for "
+                        f"{state['run']['world_size']} process(es)")
     return state
 
 def new_trainer_state(**fields: Any) -> dict[str, Any]:

@@ -8,9 +8,10 @@ gloo on CPU. Only rank 0 writes anything (checkpoints, logs, TensorBoard).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -123,3 +124,23 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def held_by_main(acquire: Callable[[], ContextManager], env: DistEnv) -> Iterator[None]:
+    """Rank 0 enters `acquire()` (e.g. the lock on a run directory) for the block; the other ranks
+    learn whether it could. When it could not, every rank raises rank 0's UserError, instead of
+    the others waiting for a rank that has left."""
+    from aiayn.errors import UserError
+
+    with contextlib.ExitStack() as stack:
+        error = None
+        if env.is_main:
+            try:
+                stack.enter_context(acquire())
+            except UserError as e:
+                error = str(e)
+        error = broadcast_object(error, env)
+        if error is not None:
+            raise UserError(error)
+        yield

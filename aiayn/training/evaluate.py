@@ -1,5 +1,6 @@
 """Development-set figures during training: loss, per-token perplexity (Table 3's "PPL (dev)")
-and, optionally, sacreBLEU of greedy translations of the first sentences.
+and, optionally, sacreBLEU of greedy translations of the first sentences (or, for a study's final
+figures, of beam-search translations: `dev_bleu(..., beam_size=4)`, as Table 3 was measured).
 
 Runs on rank 0 with the unwrapped model in eval mode (no dropout) and leaves every random
 generator as it found it, so evaluating never changes what training computes next.
@@ -32,13 +33,16 @@ def dev_loss(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: fl
             "dev_tokens": r["n_tokens"]}
 
 
-def greedy_translations(model: torch.nn.Module, sources: list[np.ndarray], tokenizer: Any,
-                        device: torch.device, autocast) -> list[str]:
-    """Detokenized greedy translations of `sources` (subword id arrays), in input order, through
-    the same search and source-length limit as `aiayn translate` (over-long sources truncated)."""
+def translations(model: torch.nn.Module, sources: list[np.ndarray], tokenizer: Any,
+                 device: torch.device, autocast, beam_size: int | None = None) -> list[str]:
+    """Detokenized translations of `sources` (subword id arrays), in input order, through the
+    same search and source-length limit as `aiayn translate` (over-long sources truncated):
+    greedy when `beam_size` is None, else beam search with the model config's length penalty and
+    output-length limits (§6.1)."""
     from aiayn.decoding.translate import Translator
 
-    tr = Translator.for_model(model, tokenizer, tokenizer, greedy=True, warn=lambda _: None)
+    tr = Translator.for_model(model, tokenizer, tokenizer, greedy=beam_size is None,
+                              beam_size=beam_size, warn=lambda _: None)
     ids = [s.tolist()[: tr.max_src_tokens - 1] for s in sources]
     with autocast():
         found = tr.search(ids)
@@ -46,9 +50,10 @@ def greedy_translations(model: torch.nn.Module, sources: list[np.ndarray], token
 
 
 def dev_bleu(model: torch.nn.Module, dataset: Any, n_sentences: int, device: torch.device,
-             autocast) -> dict[str, Any]:
-    """sacreBLEU of greedy translations of the first `n_sentences` of the split (all when < 0)
-    against its raw reference lines; {} when the split keeps no raw text."""
+             autocast, beam_size: int | None = None) -> dict[str, Any]:
+    """sacreBLEU of the translations (greedy, or beam search of `beam_size`) of the first
+    `n_sentences` of the split (all when < 0) against its raw reference lines; {} when the split
+    keeps no raw text."""
     from aiayn.errors import UserError
     from aiayn.evaluation.sacre import sacre_bleu
 
@@ -60,7 +65,7 @@ def dev_bleu(model: torch.nn.Module, dataset: Any, n_sentences: int, device: tor
     if n == 0:
         return {}
     sources = [dataset[i][0] for i in range(n)]
-    hyps = greedy_translations(model, sources, dataset.tgt_tokenizer, device, autocast)
+    hyps = translations(model, sources, dataset.tgt_tokenizer, device, autocast, beam_size)
     result = sacre_bleu(hyps, refs[:n])
     return {"dev_bleu": result.score, "bleu_sentences": n, "bleu_signature": result.signature,
             "example": {"ref": refs[0], "hyp": hyps[0]}}

@@ -26,6 +26,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ import numpy as np
 import torch
 
 from aiayn.config import Config
-from aiayn.errors import UserError
-from aiayn.io import atomic_write
+from aiayn.errors import OutputError, UserError
+from aiayn.io import atomic_write, exclusive_lock
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import distributed as dist_
 from aiayn.training.logs import LogWindow, RunLog, RunProgress, build_summary, format_summary, rss_gb
@@ -117,7 +118,7 @@ class Trainer:
 
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.remove_stale_temporaries(self.run_dir)
+            ckpt.remove_stale_temporaries(self.run_dir)  # safe: rank 0 holds the run's lock
         self.log = RunLog(self.run_dir, env, options.tensorboard, self.step if state else 0)
         self.wall_before = self.progress.wall_seconds  # earlier sessions of a resumed run
         self.t_start = _clock()  # reset when the loop starts
@@ -163,12 +164,12 @@ class Trainer:
 
     def _initial_model(self) -> torch.nn.Module:
         """Seeded weights, identical on every rank; then the rank's own dropout stream."""
-        from aiayn.model.transformer import Transformer
+        from aiayn.model.build import build_model
 
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         torch.manual_seed(self.seed)
-        model = Transformer(self.cfg).to(self.env.device)
+        model = build_model(self.cfg).to(self.env.device)
         torch.manual_seed(dist_.rank_seed(self.seed, self.env.rank))
         return model
 
@@ -177,11 +178,16 @@ class Trainer:
 
         load_state_checked(self.model, read_weights(self.resume_from), str(self.resume_from))
         self.step = self.saved_step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.precision.load_state_dict(state.get("scaler", {}))
         self.sampler.load_state_dict(state["sampler"])
-        self.progress = RunProgress(**state["progress"])
-        ckpt.restore_rng(ckpt.rng_from_state(state["ranks"][self.env.rank]), self.env.device)
+        try:  # the schema is checked on loading; these catch contents that do not fit this model
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.precision.load_state_dict(state.get("scaler", {}))
+            self.progress = RunProgress(**state["progress"])
+            ckpt.restore_rng(ckpt.rng_from_state(state["ranks"][self.env.rank]), self.env.device)
+        except (ValueError, TypeError, KeyError, RuntimeError) as e:
+            reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise UserError(f"{self.resume_from / ckpt.TRAINER_STATE}: does not fit this run "
+                            f"({reason})") from None
 
     @property
     def max_steps(self) -> int | None:
@@ -208,6 +214,9 @@ class Trainer:
             self.log.say(f"resuming {self.resume_from} at step {self.step}")
             for c in self.config_changes:
                 self.log.say(f"  config change on resume: {c}")
+        elif o.resume:  # e.g. the run was killed before its first checkpoint: say so, then start
+            self.log.say(f"warning: --resume: {self.run_dir} holds no checkpoint yet; starting a "
+                         f"new run at step 0")
         self.log.say(
             f"training {count_parameters(cfg):,} parameters on {env.world_size} x {env.device.type}, "
             f"{self.precision.name}{', compiled' if o.compile else ''}, {allocator_in_use()}; "
@@ -374,8 +383,21 @@ class Trainer:
         rng = dist_.gather_to_main({"rng": ckpt.capture_rng(self.env.device)}, self.env)
         self.saved_step = self.step
         self.progress.wall_seconds = self._elapsed()  # a resumed run's budget goes on from here
-        if not self.env.is_main:
-            return None
+        path, failed = None, None
+        if self.env.is_main:
+            try:
+                path = self._write_checkpoint(weights, rng)
+            except UserError as e:
+                failed = e
+        # every rank learns whether the write worked, and stops with rank 0's message if not
+        message = dist_.broadcast_object(None if failed is None else str(failed), self.env)
+        if failed is not None:
+            raise failed
+        if message is not None:
+            raise UserError(message)
+        return path
+
+    def _write_checkpoint(self, weights: dict[str, torch.Tensor], rng: list[Any] | None) -> Path:
         state = ckpt.new_trainer_state(
             step=self.step, optimizer=self.optimizer.state_dict(), scaler=self.precision.state_dict(),
             sampler=self.sampler.state_dict(), ranks=rng, progress=asdict(self.progress),
@@ -383,8 +405,14 @@ class Trainer:
                  "batch_tokens": self.batch_tokens, "accum": self.accum})
         keep = self.options.keep or max(self.cfg.n_average, 1)
         meta = self._meta({"dev": self.progress.dev[-1] if self.progress.dev else None})
-        return ckpt.save_checkpoint(self.run_dir, self.step, weights, self.cfg, self.tokenizers,
-                                    meta, state, keep)
+        try:
+            return ckpt.save_checkpoint(self.run_dir, self.step, weights, self.cfg, self.tokenizers,
+                                        meta, state, keep)
+        except OutputError as e:  # the write left the previous checkpoint as it was
+            kept = ckpt.latest_resumable(self.run_dir)
+            then = (f"continue with --resume (from {kept.name}, which is intact)" if kept else
+                    "run the command again (no checkpoint was written yet)")
+            raise OutputError(e.path, e.reason, e.remedy, then) from None
 
     def _finish(self, stopped_by: str, wall: float) -> dict[str, Any]:
         from aiayn.model.counting import flops_per_target_token
@@ -418,12 +446,17 @@ def train(cfg: Config | None, data_dir: str | os.PathLike, out_dir: str | os.Pat
     """Train on the prepared dataset `data_dir` into `out_dir`; returns the summary (on rank 0;
     {} on other ranks). `cfg` may be None when resuming (the checkpoint's config is used);
     its vocabulary sizes are always taken from the dataset. Under torchrun, each process calls
-    this and the process group is set up (and torn down) here."""
+    this and the process group is set up (and torn down) here. A second run on `out_dir` while
+    this one goes on is refused (an OS lock, `aiayn.io.exclusive_lock`, held by rank 0)."""
     options = options or TrainOptions()
     options.check()
     env = dist_.setup(options.device)
     try:
-        return Trainer(cfg, data_dir, out_dir, options, env).run()
+        # one run per directory: rank 0 holds the lock, every rank learns whether it could
+        lock = partial(exclusive_lock, out_dir, "aiayn train",
+                       "wait for it to finish, or choose another --out")
+        with dist_.held_by_main(lock, env):
+            return Trainer(cfg, data_dir, out_dir, options, env).run()
     finally:
         if env.owns_group:
             dist_.teardown()

@@ -1,0 +1,127 @@
+"""`aiayn serve`: translate over HTTP, with a web page, dynamic batching and limits.
+
+    aiayn serve --model runs/base/model                 # http://127.0.0.1:8000/
+    curl -s localhost:8000/translate -H 'Content-Type: application/json' \\
+         -d '{"q": "A man is riding a bike."}'
+
+Binds 127.0.0.1 unless `--host` says otherwise; `--port 0` takes a free port. When it is
+listening, one line on stderr gives the address: `aiayn serve: listening on http://HOST:PORT/`.
+Translations are those of `aiayn translate` with the same model and search settings.
+API key (optional): `--api-key-file FILE` (its first line), or the environment variable
+AIAYN_API_KEY; clients send it as `X-API-Key: KEY` or `Authorization: Bearer KEY`.
+docs/serving.md describes the API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from aiayn.errors import UserError
+
+API_KEY_ENV = "AIAYN_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from aiayn.serving.settings import ServeSettings
+
+    d = ServeSettings()
+    p.add_argument("--model", required=True, metavar="DIR", help="model directory (from train/average)")
+    n = p.add_argument_group("network")
+    n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    n.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes a free one)")
+    n.add_argument("--api-key-file", metavar="FILE",
+                   help=f"require this key (the file's first line); or set {API_KEY_ENV}")
+    n.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    b = p.add_argument_group("batching")
+    b.add_argument("--batch-tokens", type=int, default=d.batch_tokens, metavar="T",
+                   help=f"cost budget of one batch: sentences x longest source (default {d.batch_tokens})")
+    b.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, metavar="MS",
+                   help=f"longest wait for more requests before an incomplete batch starts (default {d.max_wait_ms:g})")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N",
+                     help=f"characters per request (default {d.max_chars})")
+    lim.add_argument("--max-sentences", type=int, default=d.max_sentences, metavar="N",
+                     help=f"texts per request (default {d.max_sentences})")
+    lim.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
+                     help=f"sentences waiting for the model before requests get 503 (default {d.max_queue})")
+    lim.add_argument("--timeout", type=float, default=d.timeout_s, metavar="S",
+                     help=f"seconds from arrival to answer before a 504 (default {d.timeout_s:g})")
+    lim.add_argument("--max-beam", type=int, default=d.max_beam, metavar="K",
+                     help=f"largest beam size a request may ask for (default {d.max_beam})")
+    lim.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
+                     help="truncate longer sources, as aiayn translate does (default 1024, EOS included)")
+    h = p.add_argument_group("hardware")
+    h.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    h.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key from `path` (first line, stripped) or from the environment; None for no key."""
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except OSError as e:
+            raise UserError(f"--api-key-file {path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"--api-key-file {path}: not UTF-8 text") from None
+        if not key:
+            raise UserError(f"--api-key-file {path}: the first line is empty")
+        return key
+    key = os.environ.get(API_KEY_ENV, "").strip()
+    return key or None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (IPv4 or IPv6 by the address), so that `--port 0` can report its port."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    from aiayn.serving.settings import ServeSettings
+
+    try:
+        settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
+                                 max_chars=args.max_chars, max_sentences=args.max_sentences,
+                                 max_queue=args.max_queue, timeout_s=args.timeout,
+                                 max_beam=args.max_beam)
+    except ValueError as e:
+        raise UserError(f"serve settings: {e}") from None
+    if args.max_src_tokens < 2:
+        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
+    api_key = read_api_key(args.api_key_file)
+    sock = bind(args.host, args.port)
+
+    import torch
+    import uvicorn
+
+    from aiayn.commands.translate import torch_device
+    from aiayn.model.io import load_model
+    from aiayn.serving.app import create_app
+    from aiayn.serving.engine import Engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine(load_model(args.model, torch_device(args.device)), max_src_tokens=args.max_src_tokens,
+                    batch_tokens=settings.batch_tokens)
+    app = create_app(engine, settings, api_key)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    if host not in ("127.0.0.1", "::1") and api_key is None:
+        print(f"aiayn serve: warning: listening on {host} without an API key: anyone who can reach "
+              f"this machine can use it", file=sys.stderr)
+    print(f"aiayn serve: {engine.src_lang or '?'} -> {engine.tgt_lang or '?'} from {args.model}; "
+          f"listening on http://{shown}:{port}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=args.access_log,
+                            timeout_graceful_shutdown=5, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

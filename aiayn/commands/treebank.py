@@ -1,0 +1,57 @@
+"""`aiayn treebank`: a Penn Treebank (a directory or a zip of .mrg files) -> the parsing corpus.
+
+Cleans every tree (traces and the constituents they leave empty removed, function tags and
+indices stripped, the outer empty bracket dropped: aiayn/parsing/treebank.py), splits by file
+number and writes, per split, SPLIT.words (the sentence: the source), SPLIT.tree (the
+linearized tree, §6.3: the target) and SPLIT.gold (the cleaned tree on one line, for `aiayn
+evalb`), plus corpus.json. Then `aiayn prepare --src-lang words --tgt-lang tree --train OUT/train
+...` (scripts/parsing.sh runs the whole recipe).
+
+    aiayn treebank --treebank treebank.zip --out corpus
+    aiayn treebank --treebank wsj/ --out corpus --splits train=200-2199,valid=2200-2299,test=2300-2399
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from aiayn.parsing.treebank import DEFAULT_SPLITS
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = __doc__.split("\n\n", 1)[1]
+    p.add_argument("--treebank", required=True, metavar="PATH",
+                   help="a directory or a zip holding PTB-format .mrg files (searched recursively)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write the corpus files")
+    p.add_argument("--splits", default=DEFAULT_SPLITS, metavar="SPEC",
+                   help=f"file-number ranges per split (default {DEFAULT_SPLITS}: the NLTK 10%% "
+                        "sample; the full WSJ's sections 02-21/22/23 are files 200-2199/2200-2299/2300-2399)")
+    p.add_argument("--slots", default="xx", choices=["xx", "tags", "words"],
+                   help="what stands for each word in the target: xx (default: every "
+                        "part-of-speech tag normalised to XX, as Vinyals et al.), tags (the real "
+                        "tags), or words (the word itself; not in the paper)")
+    p.add_argument("--target-words", type=int, default=0, metavar="K",
+                   help="with --slots words: write only the K commonest training words in the "
+                        "targets, the others as XX (default 0: every word)")
+    p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from aiayn.errors import UserError
+    from aiayn.recipes.parsing import write_corpus
+
+    out = Path(args.out)
+    if (out / "corpus.json").exists() and not args.overwrite:
+        raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
+    if args.target_words < 0:
+        raise UserError(f"--target-words must be >= 0, got {args.target_words}")
+    info = write_corpus(args.treebank, out, args.splits, args.slots, args.target_words)
+    for name, c in info["counts"].items():
+        print(f"{name}: {c['sentences']:,} sentences, {c['words']:,} words from {c['files']} files "
+              f"({c['first_file']} .. {c['last_file']})")
+    print(f"target symbols in train: {info.get('train_target_symbols')} "
+          f"(word slots: {args.slots}); wrote {out}/corpus.json")
+    return 0

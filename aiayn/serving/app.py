@@ -1,0 +1,257 @@
+"""The HTTP API (FastAPI on uvicorn): `POST /translate`, `GET /health`, `/info`, `/metrics`, and the
+web page at `/`. docs/serving.md documents every request and response.
+
+The event loop only parses, tokenizes and answers; beam search runs on the batcher's model worker
+thread (`aiayn.serving.batcher`). Every refusal is a JSON object with one line,
+`{"error": "..."}`, and a 4xx status (503 when the queue is full, 504 after the request timeout);
+a client that goes away before its answer loses its place in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown
+from aiayn.serving.engine import Engine, SearchKey
+from aiayn.serving.metrics import Metrics
+from aiayn.serving.schema import RequestError, TranslateRequest, decode_json, parse_translate
+from aiayn.serving.settings import ServeSettings
+
+log = logging.getLogger("aiayn.serve")
+
+PATHS = ("/", "/health", "/info", "/metrics", "/translate")
+REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_method",
+           413: "too_large", 499: "disconnected", 501: "unsupported", 503: "unavailable",
+           504: "timeout"}
+# The page may talk to this server only: no other origin, no CDN (enforced by the browser).
+PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'")
+
+
+def page_html() -> str:
+    return resources.files("aiayn.serving").joinpath("page.html").read_text(encoding="utf-8")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class CountRequests:
+    """ASGI middleware: every HTTP answer counted by path (known paths only) and status."""
+
+    def __init__(self, app: Any, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"] if scope["path"] in PATHS else "other"
+        code = [500]
+
+        async def send_counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                code[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            self.metrics.requests.labels(path, str(code[0])).inc()
+
+
+def key_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison (`hmac.compare_digest`), so response times do not reveal how much
+    of a guessed key is right."""
+    return given is not None and hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+def header_key(request: Request) -> str | None:
+    """The key from `X-API-Key: KEY` or `Authorization: Bearer KEY`."""
+    if "x-api-key" in request.headers:
+        return request.headers["x-api-key"]
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) more than `limit` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(400, f"bad Content-Length {declared!r}")
+        if int(declared) > limit:
+            raise RequestError(413, f"request body of {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def wait_for(request: Request, batcher: Batcher, job: Job, timeout: float) -> Any:
+    """The job's result; a timeout (504) or a client that leaves (499) takes the job off the queue."""
+    result = asyncio.wrap_future(job.future)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        done, _ = await asyncio.wait({result, gone}, timeout=max(timeout, 0.0),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if result in done:
+        try:
+            return result.result()
+        except ShuttingDown as e:
+            raise RequestError(503, str(e)) from None
+    batcher.cancel(job)
+    result.cancel()
+    if gone in done:
+        raise RequestError(499, "the client closed the connection")
+    raise RequestError(504, f"no answer within the request timeout of {timeout:g} s")
+
+
+def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
+               api_key: str | None = None) -> FastAPI:
+    """The server's ASGI app around a loaded `Engine`. Its lifespan starts and stops the model
+    worker (TestClient and uvicorn both run it). `api_key`: when given, /translate and /metrics
+    need it (header or the body's `api_key`)."""
+    batcher = Batcher(engine.search, batch_tokens=settings.batch_tokens,
+                      max_wait=settings.max_wait_ms / 1000, max_queue=settings.max_queue)
+    metrics = Metrics(lambda: batcher.pending)
+    batcher.on_batch = metrics.observe_batch
+    info = {**engine.info(), "limits": {
+        "max_chars": settings.max_chars, "max_sentences": settings.max_sentences,
+        "max_queue": settings.max_queue, "timeout_s": settings.timeout_s,
+        "max_beam": settings.max_beam, "batch_tokens": settings.batch_tokens,
+        "max_wait_ms": settings.max_wait_ms}, "api_key_required": api_key is not None}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(batcher.stop)
+
+    # No /docs or /redoc: their pages load scripts from a CDN. /openapi.json stays.
+    app = FastAPI(title="aiayn translation server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.batcher, app.state.metrics, app.state.engine = batcher, metrics, engine
+    app.add_middleware(CountRequests, metrics=metrics)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, e: RequestError) -> JSONResponse:
+        metrics.errors.labels(REASONS.get(e.status, str(e.status))).inc()
+        return error_response(e.status, e.message, e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        metrics.errors.labels(REASONS.get(e.status_code, str(e.status_code))).inc()
+        return error_response(e.status_code, str(e.detail), getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, e: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        metrics.errors.labels("internal").inc()
+        return error_response(500, f"internal error: {type(e).__name__}")
+
+    def check_key(given: str | None) -> None:
+        if api_key is not None and not key_matches(given, api_key):
+            raise RequestError(401, "missing or wrong API key (send X-API-Key or "
+                                    "Authorization: Bearer)", {"WWW-Authenticate": "Bearer"})
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(page_html(), headers={"Content-Security-Policy": PAGE_CSP})
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "queue_sentences": batcher.pending}
+
+    @app.get("/info")
+    async def get_info() -> dict:
+        return info
+
+    @app.get("/metrics")
+    async def get_metrics(request: Request) -> Response:
+        check_key(header_key(request))
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/translate", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": TranslateRequest.model_json_schema()}}}})
+    async def translate(request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        obj = decode_json(await read_body(request, settings.max_body_bytes))
+        if api_key is not None:
+            given = header_key(request)
+            if given is None and isinstance(obj, dict) and isinstance(obj.get("api_key"), str):
+                given = obj["api_key"]
+            check_key(given)
+        req = parse_translate(obj, settings, engine.default_beam)
+        check_languages(engine, req)
+        if req.alignment and not engine.supports_alignment:
+            raise RequestError(501, "alignment: this server's decoder does not return attention "
+                                    "weights yet")
+        texts = req.texts
+        ids, warnings = engine.prepare(texts)
+        key = SearchKey(req.beam_size or engine.default_beam,
+                        engine.default_alpha if req.alpha is None else float(req.alpha), req.nbest)
+        try:
+            job = batcher.submit(key, ids)
+        except QueueFull as e:
+            raise RequestError(503, f"busy: {e}; retry later",
+                               {"Retry-After": str(settings.retry_after_s)}) from None
+        except ShuttingDown as e:
+            raise RequestError(503, str(e)) from None
+        found = await wait_for(request, batcher, job, settings.timeout_s - (time.perf_counter() - start))
+        items = [translation_item(engine, text, src, hyps, req.alignment)
+                 for text, src, hyps in zip(texts, ids, found)]
+        body: dict[str, Any] = {
+            "translatedText": items[0]["tgt"] if isinstance(req.q, str) else [i["tgt"] for i in items],
+            "translations": items}
+        if warnings:
+            body["warnings"] = warnings
+        metrics.latency.observe(time.perf_counter() - start)
+        return JSONResponse(body)
+
+    return app
+
+
+def check_languages(engine: Engine, req: TranslateRequest) -> None:
+    """`source` and `target`, when given, must be the model's languages ('auto' for any source)."""
+    for field, asked, have in (("source", req.source, engine.src_lang),
+                               ("target", req.target, engine.tgt_lang)):
+        if asked is None or (field == "source" and asked == "auto"):
+            continue
+        if have is not None and asked.lower() != have.lower():
+            raise RequestError(400, f"{field}: this model translates {engine.src_lang} -> "
+                                    f"{engine.tgt_lang}, not {asked!r}")
+
+
+def translation_item(engine: Engine, text: str, src: list[int], hyps: list, alignment: bool) -> dict:
+    """One text's answer: the best translation, its score, and the n-best list (best first)."""
+    nbest = [{"tgt": engine.detokenize(h.tokens), "score": round(float(h.score), 6)} for h in hyps]
+    best = nbest[0] if nbest else {"tgt": "", "score": None}
+    item: dict[str, Any] = {"src": text, "tgt": best["tgt"], "score": best["score"], "nbest": nbest}
+    if alignment and hyps and src:
+        att = engine.attention(src, hyps[0])
+        item["attention"] = {"src_pieces": att.src_pieces, "tgt_pieces": att.tgt_pieces,
+                             "weights": att.weights}
+        item["alignment"] = engine.alignment(att)
+    return item

@@ -1,0 +1,118 @@
+"""The model side of the server: `aiayn translate`'s own `Translator`, shared by every request.
+
+Text goes through exactly the code `aiayn translate` runs (`Translator.prepare` to token ids,
+`Translator.search`, `Translator.detokenize`), so a sentence served over HTTP gets the same
+translation as the same line given to `aiayn translate` with the same search settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from aiayn.decoding.common import Hypothesis
+from aiayn.decoding.translate import Translator
+
+
+@dataclass(frozen=True)
+class SearchKey:
+    """The search settings a batch shares: requests with different keys never share a search."""
+
+    beam_size: int
+    alpha: float
+    nbest: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Cross-attention of one translation: `weights[t][s]`, target piece t (EOS last) over
+    source piece s (EOS last); each row sums to 1."""
+
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+    weights: list[list[float]]
+
+
+class Engine:
+    """A loaded model (`aiayn.model.io.load_model`) behind `Translator`s, one per beam size and
+    alpha asked for (they share the model). `prepare` runs on the event loop, `search` on the
+    model worker thread only."""
+
+    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000):
+        self.loaded = loaded
+        self._warnings: list[str] = []
+        self.base = Translator(loaded, max_src_tokens=max_src_tokens, batch_tokens=batch_tokens,
+                               warn=self._warnings.append)
+        self._translators: dict[tuple[int, float], Translator] = {}
+        cfg = self.base.cfg
+        self.default_beam, self.default_alpha = cfg.beam_size, cfg.alpha
+        meta = loaded.meta or {}
+        self.src_lang, self.tgt_lang = meta.get("src_lang"), meta.get("tgt_lang")
+
+    # Alignment and attention need the decoder's cross-attention weights for the output that
+    # beam search chose; the decoding API does not return them yet, so a request for them is
+    # refused (501) and the page draws no heatmap. A subclass that returns them switches both on.
+    supports_alignment = False
+
+    def attention(self, source: Sequence[int], hyp: Hypothesis) -> Attention:
+        raise NotImplementedError("this build's decoder does not return attention weights")
+
+    def alignment(self, attention: Attention) -> str:
+        raise NotImplementedError("this build's decoder does not return attention weights")
+
+    def prepare(self, texts: Sequence[str]) -> tuple[list[list[int]], list[str]]:
+        """Token ids per text as `aiayn translate` makes them (over-long sources truncated), and
+        the truncation warnings ("line N: ...", N counting texts from 1). Event loop only: the
+        warnings list is shared."""
+        self._warnings.clear()
+        ids = self.base.prepare(texts)
+        return ids, list(self._warnings)
+
+    def translator(self, beam_size: int, alpha: float) -> Translator:
+        key = (beam_size, alpha)
+        if key not in self._translators:
+            self._translators[key] = Translator(
+                self.loaded, max_src_tokens=self.base.max_src_tokens,
+                batch_tokens=self.base.options.batch_tokens, beam_size=beam_size, alpha=alpha,
+                warn=self._warnings.append)
+        return self._translators[key]
+
+    def search(self, key: SearchKey, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """The hypotheses of each source, best first (model worker thread)."""
+        return self.translator(key.beam_size, key.alpha).search(sources, key.nbest)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.base.detokenize(tokens)
+
+    def src_pieces(self, ids: Sequence[int]) -> list[str]:
+        tok = self.base.src_tokenizer
+        return [tok.id_to_piece(i) for i in ids]
+
+    def tgt_pieces(self, ids: Sequence[int]) -> list[str]:
+        tok = self.base.tgt_tokenizer
+        return [tok.id_to_piece(i) for i in ids]
+
+    def info(self) -> dict:
+        """Languages, model and decoding defaults, for `GET /info`."""
+        from dataclasses import asdict
+
+        from aiayn.model.counting import count_parameters
+
+        cfg = self.loaded.cfg
+        meta = self.loaded.meta or {}
+        arch = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
+                "d_v", "positions", "norm", "tie_embeddings", "tie_output")
+        config = asdict(cfg)
+        return {
+            "source_language": self.src_lang,
+            "target_language": self.tgt_lang,
+            "model": str(self.loaded.path) if self.loaded.path else None,
+            "preset": meta.get("preset"),
+            "step": meta.get("step"),
+            "parameters": count_parameters(cfg),
+            "architecture": {k: config[k] for k in arch if k in config},
+            "decoding": {"beam_size": cfg.beam_size, "alpha": cfg.alpha,
+                         "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
+                         "max_src_tokens": self.base.max_src_tokens},
+            "alignment": self.supports_alignment,
+        }

@@ -1,0 +1,48 @@
+"""The server's limits and batching settings, in one validated dataclass (`aiayn serve` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What one `aiayn serve` process accepts and how it batches.
+
+    Batching: concurrent requests with the same search settings are gathered into one beam search
+    while its cost, sentences x longest source (EOS included, as `aiayn translate --batch-tokens`
+    counts it), stays within `batch_tokens`; the worker waits at most `max_wait_ms` after the
+    oldest waiting request arrived before it starts an incomplete batch.
+    Limits: `max_chars` characters and `max_sentences` texts per request (answered 413 above);
+    `max_queue` sentences waiting for the model (a request that would exceed it is answered 503
+    with Retry-After); `timeout_s` seconds from arrival to answer (504 after); `max_beam` bounds a
+    request's beam size, since beam search costs grow with it.
+    """
+
+    batch_tokens: int = 4000
+    max_wait_ms: float = 10.0
+    max_chars: int = 5000
+    max_sentences: int = 64
+    max_queue: int = 1024
+    timeout_s: float = 30.0
+    max_beam: int = 8
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("batch_tokens", "max_chars", "max_sentences", "max_queue", "max_beam",
+                     "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_queue < self.max_sentences:
+            raise ValueError(f"max_queue ({self.max_queue}) must hold one full request "
+                             f"(max_sentences {self.max_sentences})")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body read: every character JSON-escaped as a surrogate pair
+        (12 bytes), plus room for the other fields."""
+        return 12 * self.max_chars + 64 * self.max_sentences + 4096

@@ -1,0 +1,210 @@
+"""Validation BLEU against training wall-clock time: every checkpoint of each run translated and
+scored, the runs drawn on one plot, and how soon the first run reaches the last run's final BLEU.
+Also, with --align, the alignment picture: one sentence's attention weights of two models side by
+side (the RNN's additive attention, the Transformer's cross-attention averaged over heads).
+
+    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/bleu_vs_time.py \\
+        --data /work/data/m30k-en-de --run Transformer=RUN_A --run RNN=RUN_B \\
+        --out docs/rnn-vs-transformer
+    .venv/bin/python benchmarks/bleu_vs_time.py --data DATA --out docs/x \\
+        --align RNN=MODEL_DIR --align Transformer=MODEL_DIR --sentence 3
+
+RUN is a run directory of `aiayn train` (keep every checkpoint: `--save-minutes 2 --keep 40`).
+A checkpoint's time is the run's training wall-clock at its step (the "elapsed" of
+metrics.jsonl, interpolated between logged steps; dev evaluations and saving included). Each is
+translated by greedy search (--beam for beam search) on the whole validation split and scored
+with sacreBLEU; scores are cached in OUT.json, so a re-run scores only new checkpoints. Writes
+OUT.json, OUT.png (and OUT-align.png with --align).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiayn.io import atomic_write  # noqa: E402
+
+
+def elapsed_at(run: Path, steps: list[int]) -> list[float]:
+    """Training wall-clock seconds at each step, from metrics.jsonl's train records."""
+    pts = []
+    for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "train" and "elapsed" in rec:
+            pts.append((rec["step"], rec["elapsed"]))
+    pts.sort()
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    return [float(np.interp(s, xs, ys)) for s in steps]
+
+
+def score_checkpoint(model_dir: Path, sources: list[str], refs: list[str], beam: int | None) -> float:
+    from aiayn.decoding.translate import Translator
+    from aiayn.evaluation.sacre import sacre_bleu
+    from aiayn.model.io import load_model
+
+    tr = Translator(load_model(model_dir), greedy=beam is None, beam_size=beam)
+    return sacre_bleu(tr.translate(sources), refs).score
+
+
+def score_runs(runs: dict[str, Path], data: Path, cache: dict, beam: int | None, limit: int | None
+               ) -> dict:
+    from tqdm import tqdm
+
+    from aiayn.training.checkpoint import list_checkpoints
+
+    sources = (data / "valid.src.txt").read_text(encoding="utf-8").splitlines()[:limit]
+    refs = (data / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()[:limit]
+    for label, run in runs.items():
+        entry = cache.setdefault(label, {"run": str(run), "points": {}})
+        if entry["run"] != str(run):
+            entry.update(run=str(run), points={})
+        ckpts = list_checkpoints(run)
+        walls = elapsed_at(run, [s for s, _ in ckpts])
+        for (step, d), wall in tqdm(list(zip(ckpts, walls)), desc=label, file=sys.stderr):
+            if str(step) not in entry["points"]:
+                entry["points"][str(step)] = {"wall_s": wall,
+                                              "bleu": score_checkpoint(d, sources, refs, beam)}
+    return cache
+
+
+def curve(entry: dict) -> tuple[list[float], list[float]]:
+    pts = sorted(entry["points"].values(), key=lambda p: p["wall_s"])
+    return [p["wall_s"] for p in pts], [p["bleu"] for p in pts]
+
+
+def first_reaching(walls: list[float], bleus: list[float], target: float) -> float | None:
+    """The first time the curve reaches `target`, interpolated linearly between checkpoints."""
+    for i, b in enumerate(bleus):
+        if b >= target:
+            if i == 0:
+                return walls[0]
+            f = (target - bleus[i - 1]) / (b - bleus[i - 1])
+            return walls[i - 1] + f * (walls[i] - walls[i - 1])
+    return None
+
+
+def summary(cache: dict, fast: str, slow: str) -> dict:
+    """When `fast` first reaches `slow`'s final validation BLEU, and that time over `slow`'s."""
+    fw, fb = curve(cache[fast])
+    sw, sb = curve(cache[slow])
+    t = first_reaching(fw, fb, sb[-1])
+    return {"target_bleu": sb[-1], "slow_wall_s": sw[-1], "fast_reaches_at_s": t,
+            "ratio": None if t is None else t / sw[-1]}
+
+
+def plot(cache: dict, path: Path, title: str, comparison: dict | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, entry in cache.items():
+        w, b = curve(entry)
+        ax.plot([x / 60 for x in w], b, marker="o", ms=3, label=label)
+    if comparison and comparison["fast_reaches_at_s"] is not None:
+        ax.axhline(comparison["target_bleu"], color="grey", lw=0.8, ls=":")
+        ax.axvline(comparison["fast_reaches_at_s"] / 60, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("training wall-clock time (minutes)")
+    ax.set_ylabel("validation sacreBLEU")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
+def alignment(model_dir: Path, source: str, target: str) -> tuple[np.ndarray, list[str], list[str]]:
+    """Cross-attention weights (T, S) of a model for one reference pair, teacher-forced: the
+    last decoder layer's, averaged over heads (the RNN has one layer with one head)."""
+    import torch
+
+    from aiayn.decoding.common import source_batch
+    from aiayn.model.io import load_model
+    from aiayn.special import BOS_ID
+
+    m = load_model(model_dir)
+    src_ids, tgt_ids = m.src_tokenizer.encode(source), m.tgt_tokenizer.encode(target)
+    src, mask = source_batch([src_ids])
+    with torch.no_grad():
+        _, att = m.model(src, torch.tensor([[BOS_ID] + tgt_ids]), mask, return_attention=True)
+    w = att["cross"][-1][0].mean(0)  # (T, S)
+    pieces = lambda tok, ids: [tok.id_to_piece(i) for i in ids]  # noqa: E731
+    return w.numpy(), pieces(m.src_tokenizer, src_ids) + ["</s>"], \
+        ["<s>"] + pieces(m.tgt_tokenizer, tgt_ids)
+
+
+def plot_alignments(models: dict[str, Path], source: str, target: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 6))
+    for ax, (label, d) in zip(np.atleast_1d(axes), models.items()):
+        w, src, tgt = alignment(d, source, target)
+        ax.imshow(w, cmap="Greys", vmin=0, vmax=1)
+        ax.set_xticks(range(len(src)), src, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(tgt)), tgt, fontsize=8)
+        ax.set_xlabel("source")
+        ax.set_ylabel("target (decoder input)")
+        ax.set_title(label, fontsize=10)
+    fig.tight_layout()
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
+    plt.close(fig)
+
+
+def _pairs(items: list[str]) -> dict[str, Path]:
+    out = {}
+    for item in items:
+        label, _, path = item.partition("=")
+        out[label] = Path(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="prepared dataset (valid.src.txt, ...)")
+    p.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR; the first is the "
+                   "fast one, the last the one whose final BLEU it must reach")
+    p.add_argument("--out", type=Path, required=True, help="output prefix (OUT.json, OUT.png)")
+    p.add_argument("--beam", type=int, default=None, help="beam size (default: greedy)")
+    p.add_argument("--sentences", type=int, default=None, help="only the first N val sentences")
+    p.add_argument("--title", default="")
+    p.add_argument("--align", action="append", default=[], help="LABEL=MODEL_DIR")
+    p.add_argument("--sentence", type=int, default=0, help="--align: the sentence's index")
+    p.add_argument("--align-split", default="test", help="--align: the split it is from")
+    args = p.parse_args(argv)
+    if args.align:
+        split = args.align_split
+        src = (args.data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()[args.sentence]
+        tgt = (args.data / f"{split}.tgt.txt").read_text(encoding="utf-8").splitlines()[args.sentence]
+        plot_alignments(_pairs(args.align), src, tgt, Path(f"{args.out}-align.png"))
+    if not args.run:
+        return 0
+    out_json = Path(f"{args.out}.json")
+    cache = json.loads(out_json.read_text()) if out_json.exists() else {}
+    runs = _pairs(args.run)
+    cache = score_runs(runs, args.data, {k: v for k, v in cache.items() if k in runs},
+                       args.beam, args.sentences)
+    labels = list(runs)
+    comparison = summary(cache, labels[0], labels[-1]) if len(labels) > 1 else None
+    with atomic_write(out_json) as f:
+        json.dump({**cache, **({"comparison": comparison} if comparison else {})}, f, indent=1)
+    plot({k: cache[k] for k in labels}, Path(f"{args.out}.png"), args.title, comparison)
+    if comparison:
+        print(json.dumps(comparison, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

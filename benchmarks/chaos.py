@@ -1,0 +1,433 @@
+"""Kill aiayn's commands with SIGKILL at random moments and check that nothing is lost.
+
+For each command (train, prepare, average, translate) one uninterrupted reference run, then N
+trials on tiny fixtures. A trial starts the command in a fresh process and kills it (SIGKILL),
+alternately at a uniformly random moment of the reference run's duration and just as the command
+starts writing its output (the moment a temporary appears), then checks:
+
+1. right after the kill, nothing is lost or torn: the output is absent (a fresh output), the
+   previous one (half of the trials replace an existing output), or the complete new one; every
+   checkpoint a killed training run lists loads and equals the reference run's at that step;
+2. after a rerun (train: `--resume`; the others: the same command with `--overwrite`) the result
+   is the reference's exactly (train: bit-identical final weights; prepare: identical arrays,
+   vocabulary and manifest; average: identical model files; translate: identical text);
+3. no temporary and no lock file is left behind.
+
+Prints a tally per command and exits 1 if any trial failed. The documented run (docs/reliability.md):
+
+    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/chaos.py --trials 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from aiayn.io import is_temporary  # noqa: E402
+from training_fixtures import SMALL, pair  # noqa: E402
+
+COMMANDS = ("train", "prepare", "average", "translate")
+
+
+@dataclass
+class Sizes:
+    """Fixture sizes: the documented run's, or the quick ones the test suite uses."""
+
+    train_steps: int = 40
+    corpus_pairs: int = 3000
+    translate_lines: int = 200
+
+    @classmethod
+    def quick(cls) -> "Sizes":
+        return cls(train_steps=12, corpus_pairs=400, translate_lines=30)
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    ok: int = 0
+    killed_while_writing: int = 0  # a temporary of the output existed at the kill
+    finished_before_kill: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def aiayn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiayn", *args]
+
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "AIAYN_ALLOCATOR": "system"}
+
+
+def run(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    return r, time.monotonic() - t0
+
+
+def check_ok(r: subprocess.CompletedProcess, what: str) -> str | None:
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"{what} exited {r.returncode}: {tail}"
+    return None
+
+
+def temporaries(*dirs: Path) -> list[Path]:
+    found = []
+    for d in dirs:
+        if d.is_dir():
+            found += [p for p in d.iterdir() if is_temporary(p.name) or p.name.endswith(".tmp")]
+    return found
+
+
+def leftovers(*dirs: Path) -> list[Path]:
+    """Temporaries and lock files (a lock file is deleted by its holder on release)."""
+    return temporaries(*dirs) + [p for d in dirs if d.is_dir() for p in d.iterdir()
+                                 if p.name.endswith(".lock")]
+
+
+def kill_at(argv: list[str], rng: random.Random, at_write: int, duration: float,
+            watch: list[Path]) -> tuple[bool, bool]:
+    """Start `argv`; SIGKILL it at a random moment of `duration` seconds, or, with `at_write` = k >
+    0, as soon as the k-th temporary appears in the `watch` directories. (finished before the
+    kill, killed while a temporary existed)."""
+    proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + (duration * 3 + 30 if at_write else rng.uniform(0, duration))
+    extra = rng.uniform(0, 0.02)  # at a write: somewhere in its first 20 ms
+    seen: set[str] = set()
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if at_write:
+                seen.update(p.name for p in temporaries(*watch))
+                if len(seen) >= at_write:
+                    time.sleep(extra)
+                    break
+            time.sleep(0.001)
+        finished = proc.poll() is not None
+        writing = bool(temporaries(*watch))
+        if not finished:
+            os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    return finished, writing
+
+
+def digest(path: Path) -> str | None:
+    """sha256 of a file, or of a directory's files (names and bytes; a manifest's creation time
+    left out); None when absent."""
+    if not path.exists():
+        return None
+    h = hashlib.sha256()
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    for f in files:
+        data = f.read_bytes()
+        if f.name == "manifest.json":
+            m = json.loads(data)
+            m.pop("created", None)
+            data = json.dumps(m, sort_keys=True).encode()
+        h.update(f.name.encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+def write_corpus(root: Path, n: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    pairs = [pair(rng) for _ in range(n)]
+    (root / "c.xx").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    (root / "c.yy").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+    return root / "c"
+
+
+class Fixtures:
+    """Corpora, a prepared dataset and a finished reference training run, built once."""
+
+    def __init__(self, root: Path, sizes: Sizes):
+        self.root, self.sizes = root, sizes
+        for name, n, seed in (("train", sizes.corpus_pairs, 0), ("valid", 60, 1), ("old", 300, 2)):
+            (root / name).mkdir(parents=True)
+            write_corpus(root / name, n, seed)
+        self.prepare_args = ["--src-lang", "xx", "--tgt-lang", "yy", "--train", str(root / "train/c"),
+                             "--valid", str(root / "valid/c"), "--model-type", "bpe",
+                             "--vocab-size", "320"]
+        self.data = root / "data"
+        r, _ = run(aiayn("prepare", *self.prepare_args, "--out", str(self.data)))
+        assert r.returncode == 0, r.stderr
+        # the reference run keeps every checkpoint, to compare a killed run's step by step
+        self.train_ref = root / "train-ref"
+        r, self.train_seconds = run(aiayn("train", *self.train_args(), "--keep", "1000",
+                                          "--out", str(self.train_ref)))
+        assert r.returncode == 0, r.stderr
+        lines = (root / "valid/c.xx").read_text(encoding="utf-8").splitlines()
+        self.src = root / "src.txt"
+        self.src.write_text("\n".join((lines * 10)[: sizes.translate_lines]) + "\n", encoding="utf-8")
+
+    def train_args(self) -> list[str]:
+        return ["--data", str(self.data), "--preset", "base", "--set", *SMALL,
+                "--max-steps", str(self.sizes.train_steps), "--save-every", "3", "--eval-every", "4",
+                "--eval-bleu-sentences", "2", "--threads", "1", "--no-tensorboard", "--no-progress",
+                "--seed", "3", "--save-minutes", "1000"]
+
+
+# --- one scenario per command ---------------------------------------------------------------------
+
+@dataclass
+class Scenario:
+    """How to run a command into `out`, what an older output there looks like, and how to check
+    an output (a problem, or None)."""
+
+    argv: Callable[[Path, bool], list[str]]  # (out, overwrite) -> command line
+    make_old: Callable[[Path], None]  # writes a previous, different output at `out`
+    check: Callable[[Path], str | None]  # the output at `out` is whole and loads
+    out_name: str
+    old: Path | None = None  # that previous output, made once and copied into each trial
+
+    def put_old(self, out: Path, cache: Path) -> None:
+        if self.old is None:
+            cache.mkdir(parents=True, exist_ok=True)
+            self.make_old(cache / self.out_name)
+            self.old = cache / self.out_name
+        if self.old.is_dir():
+            shutil.copytree(self.old, out)
+        else:
+            shutil.copy2(self.old, out)
+
+
+def model_check(out: Path) -> str | None:
+    from aiayn.model.io import load_model
+
+    try:
+        load_model(out)
+    except Exception as e:  # noqa: BLE001 - any failure to load is what we report
+        return f"{out} does not load: {e}"
+    return None
+
+
+def dataset_check(out: Path) -> str | None:
+    from aiayn.data.dataset import load_dataset_dir
+
+    try:
+        info = load_dataset_dir(out)
+        for split in info.splits:
+            info.split(split)
+    except Exception as e:  # noqa: BLE001
+        return f"{out} does not load: {e}"
+    return None
+
+
+def scenarios(fx: Fixtures) -> dict[str, Scenario]:
+    ref = fx.train_ref
+
+    def prepare_argv(out: Path, overwrite: bool) -> list[str]:
+        return aiayn("prepare", *fx.prepare_args, "--out", str(out), *(["--overwrite"] * overwrite))
+
+    def prepare_old(out: Path) -> None:
+        args = [*fx.prepare_args, "--out", str(out)]
+        args[args.index("--train") + 1] = str(fx.root / "old/c")
+        r, _ = run(aiayn("prepare", *args))
+        assert r.returncode == 0, r.stderr
+
+    def average_argv(out: Path, overwrite: bool) -> list[str]:
+        return aiayn("average", "--run", str(ref), "--last", "3", "--out", str(out),
+                     *(["--overwrite"] * overwrite))
+
+    def average_old(out: Path) -> None:
+        r, _ = run(aiayn("average", "--run", str(ref), "--last", "1", "--out", str(out)))
+        assert r.returncode == 0, r.stderr
+
+    def translate_argv(out: Path, overwrite: bool) -> list[str]:
+        return aiayn("translate", "--model", str(ref / "last"), "--input", str(fx.src),
+                     "--output", str(out), *(["--overwrite"] * overwrite))
+
+    def translate_old(out: Path) -> None:
+        out.write_text("an older translation\n", encoding="utf-8")
+
+    def translate_check(out: Path) -> str | None:
+        n = len(out.read_text(encoding="utf-8").splitlines())
+        want = len(fx.src.read_text(encoding="utf-8").splitlines())
+        return None if n == want else f"{out} has {n} lines, expected {want}"
+
+    return {
+        "prepare": Scenario(prepare_argv, prepare_old, dataset_check, "data"),
+        "average": Scenario(average_argv, average_old, model_check, "avg"),
+        "translate": Scenario(translate_argv, translate_old, translate_check, "out.txt"),
+    }
+
+
+def file_trial(sc: Scenario, trial_dir: Path, rng: random.Random, at_write: bool, replace: bool,
+               duration: float, reference: str, cache: Path, tally: Tally) -> str | None:
+    """One trial of prepare, average or translate; a problem, or None. `cache`: where the previous
+    output that half the trials replace is made once."""
+    out = trial_dir / sc.out_name
+    old = None
+    if replace:
+        sc.put_old(out, cache)
+        old = digest(out)
+    finished, writing = kill_at(sc.argv(out, replace), rng, int(at_write), duration, [trial_dir])
+    tally.finished_before_kill += finished
+    tally.killed_while_writing += writing
+    now = digest(out)
+    if now is None and replace:
+        return "LOST: the previous output is gone after the kill"
+    if now is not None and now not in (old, reference):
+        return f"TORN: after the kill the output is neither the old one nor the new one ({sc.check(out)})"
+    if now == reference and (problem := sc.check(out)):
+        return problem
+    r, _ = run(sc.argv(out, True))
+    if problem := check_ok(r, "the rerun"):
+        return problem
+    if digest(out) != reference:
+        return "WRONG: the rerun's output differs from the reference"
+    if left := leftovers(trial_dir):
+        return f"LEFTOVER: {', '.join(p.name for p in left)}"
+    return None
+
+
+def train_trial(fx: Fixtures, trial_dir: Path, rng: random.Random, at_write: bool,
+                tally: Tally) -> str | None:
+    """One trial of train: kill, check every checkpoint left, resume, compare with the reference."""
+    from safetensors.torch import load_file
+
+    from aiayn.training.checkpoint import latest_resumable, list_checkpoints, load_trainer_state
+
+    run_dir = trial_dir / "run"
+    argv = aiayn("train", *fx.train_args(), "--keep", "3", "--out", str(run_dir))
+    # at a write: the k-th of the run's writes (run.json, checkpoints, best/, summary.json)
+    nth = rng.randint(1, 2 + 2 * fx.sizes.train_steps // 3) if at_write else 0
+    finished, writing = kill_at(argv, rng, nth, fx.train_seconds,
+                                [trial_dir, run_dir, run_dir / "checkpoints"])
+    tally.finished_before_kill += finished
+    tally.killed_while_writing += writing
+    ref = dict(list_checkpoints(fx.train_ref))
+    for step, d in list_checkpoints(run_dir):
+        if problem := model_check(d):
+            return f"TORN: checkpoint {d.name}: {problem}"
+        a, b = load_file(str(d / "model.safetensors")), load_file(str(ref[step] / "model.safetensors"))
+        if any(not (a[k] == b[k]).all() for k in b):
+            return f"WRONG: checkpoint {d.name} differs from the reference's"
+    if (run_dir / "best").exists() and (problem := model_check(run_dir / "best")):
+        return f"TORN: best: {problem}"
+    if (latest := latest_resumable(run_dir)) is not None:
+        try:
+            load_trainer_state(latest)
+        except Exception as e:  # noqa: BLE001
+            return f"TORN: {latest.name}/trainer_state.pt: {e}"
+    r, _ = run(aiayn("train", *fx.train_args(), "--keep", "3", "--out", str(run_dir), "--resume"))
+    if problem := check_ok(r, "the resumed run"):
+        return problem
+    a = load_file(str(run_dir / "last" / "model.safetensors"))
+    b = load_file(str(fx.train_ref / "last" / "model.safetensors"))
+    if a.keys() != b.keys() or any(not (a[k] == b[k]).all() for k in b):
+        return "WRONG: the resumed run's final weights differ from the uninterrupted run's"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in line]
+    if steps != sorted(set(steps)):
+        return "WRONG: metrics.jsonl repeats or reorders steps"
+    if left := leftovers(trial_dir, run_dir, run_dir / "checkpoints"):
+        return f"LEFTOVER: {', '.join(p.name for p in left)}"
+    return None
+
+
+def chaos(commands: list[str], trials: int, seed: int = 0, quick: bool = False,
+          workdir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Tally]:
+    """Run `trials` kill trials of each command; the tallies by command."""
+    root = Path(tempfile.mkdtemp(prefix="aiayn-chaos-", dir=workdir))
+    rng = random.Random(seed)
+    tallies = {c: Tally() for c in commands}
+    try:
+        fx = Fixtures(root / "fixtures", Sizes.quick() if quick else Sizes())
+        scs = scenarios(fx)
+        for command in commands:
+            tally = tallies[command]
+            if command == "train":
+                reference, duration = None, fx.train_seconds
+            else:  # the uninterrupted reference output and its duration
+                ref_out = root / f"{command}-ref" / scs[command].out_name
+                ref_out.parent.mkdir()
+                r, duration = run(scs[command].argv(ref_out, False))
+                assert r.returncode == 0, r.stderr
+                reference = digest(ref_out)
+            for i in range(trials):
+                trial_dir = root / f"{command}-{i}"
+                trial_dir.mkdir()
+                at_write = i % 2 == 1
+                if command == "train":
+                    problem = train_trial(fx, trial_dir, rng, at_write, tally)
+                else:
+                    problem = file_trial(scs[command], trial_dir, rng, at_write, i % 4 in (1, 2),
+                                         duration, reference, root / f"{command}-old", tally)
+                tally.trials += 1
+                if problem is None:
+                    tally.ok += 1
+                    shutil.rmtree(trial_dir, ignore_errors=True)
+                else:
+                    tally.failures.append(f"trial {i}: {problem} (kept in {trial_dir})")
+                    log(f"{command} trial {i}: {problem}")
+            log(f"{command}: {tally.ok}/{tally.trials} ok")
+    finally:
+        if all(not t.failures for t in tallies.values()):
+            shutil.rmtree(root, ignore_errors=True)
+    return tallies
+
+
+def format_tallies(tallies: dict[str, Tally]) -> str:
+    lines = ["| command | trials | ok | killed while writing | finished before the kill | failures |",
+             "|---|---:|---:|---:|---:|---|"]
+    for c, t in tallies.items():
+        lines.append(f"| {c} | {t.trials} | {t.ok}/{t.trials} | {t.killed_while_writing} | "
+                     f"{t.finished_before_kill} | {'; '.join(t.failures) or 'none'} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    try:
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name")]
+        return f"{names[0]} ({len(names)} cores)"
+    except (OSError, IndexError):
+        return "an unknown machine"
+
+
+def commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                       text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=50, help="trials per command (default 50)")
+    ap.add_argument("--commands", nargs="+", default=list(COMMANDS), choices=COMMANDS)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    ap.add_argument("--quick", action="store_true", help="the test suite's smaller fixtures")
+    ap.add_argument("--workdir", type=Path, help="where to make the temporary directory")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    tallies = chaos(a.commands, a.trials, a.seed, a.quick, a.workdir,
+                    log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_tallies(tallies))
+    print(f"\n{a.trials} trials per command, seed {a.seed}, {time.monotonic() - t0:.0f} s on "
+          f"{machine()}, commit {commit()}")
+    return 0 if all(not t.failures for t in tallies.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# English constituency parsing (§6.3) on a Penn Treebank, the whole recipe: treebank (clean, split
+# by file, linearize) -> prepare -> train -> average -> parse (beam 21, alpha 0.3) -> EVALB F1.
+#
+#   bash scripts/parsing.sh                       # the NLTK 10% WSJ sample, 30 minutes of training
+#   MINUTES=10 EVAL_SPLITS=valid SLOTS=words VOCAB=shared-words bash scripts/parsing.sh   # a dev run
+#   TREEBANK=/path/to/wsj MINUTES=600 PRESET=parsing \
+#     TREEBANK_ARGS="--splits train=200-2199,valid=2200-2299,test=2300-2399" bash scripts/parsing.sh
+#
+# TREEBANK is a directory or zip of PTB .mrg files. Settings: the `parsing-cpu` preset, a
+# 4,000-piece BPE source vocabulary, XX slots (§6.3); SLOTS=tags|words and VOCAB=shared-words are
+# the variants tried on dev (docs/parsing.md: none parses yet on this sample). TREEBANK_ARGS,
+# PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`, `train` and `parse`;
+# EVAL_SPLITS (default "valid test") says which splits to parse and score. A killed run resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "${SETUP:-1}" = 1 ] && bash scripts/setup.sh
+TREEBANK=${TREEBANK:-../shared/data/ptb-sample/treebank.zip}
+OUT=${OUT:-runs/parsing}
+MINUTES=${MINUTES:-30}
+PRESET=${PRESET:-parsing-cpu}
+SLOTS=${SLOTS:-xx}  # what stands for a word in the target: xx (§6.3), tags, or words
+VOCAB=${VOCAB:-separate}  # separate (source BPE, target symbols) or shared-words
+SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
+EVAL_SPLITS=${EVAL_SPLITS:-valid test}
+A=${AIAYN:-.venv/bin/aiayn}
+RESUME=""
+[ -e "$OUT/run/last" ] && RESUME=--resume
+set -x
+# with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
+$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
+    --overwrite ${TREEBANK_ARGS:-}
+if [ "$VOCAB" = shared-words ]; then
+  # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
+  # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
+  # XX already); a word is then the same id and embedding in the source and the target
+  VOCAB_ARGS=(--model-type word --vocab-size "${WORD_VOCAB:-8000}")
+else
+  # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
+  # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
+  # into `(` + `NP`
+  SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+  VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
+              --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
+fi
+$A prepare --src-lang words --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
+    --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
+# a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
+$A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
+    --save-minutes "$(awk "BEGIN {print $MINUTES / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
+    $RESUME ${TRAIN_ARGS:-}
+$A average --run "$OUT/run" --out "$OUT/model" --overwrite
+for split in $EVAL_SPLITS; do
+  $A parse --model "$OUT/model" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
+      --linearized "$OUT/$split.lin" --overwrite --progress ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
+  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold > "$OUT/$split.evalb"
+  $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold --json > "$OUT/$split.evalb.json"
+done
+set +x
+for split in $EVAL_SPLITS; do
+  echo "== $split: $(tr '\r' '\n' < "$OUT/$split.parse.log" | grep -m1 '^aiayn parse:')"
+  grep -A 12 -- "-- All --" "$OUT/$split.evalb" | grep -E "Valid|Recall|Precision|FMeasure|Complete"
+  grep -A 12 -- "-- len<=40 --" "$OUT/$split.evalb" | grep -E "FMeasure" | sed 's/^/<=40 words: /'
+done

@@ -1,0 +1,221 @@
+"""The RNN encoder-decoder baseline (aiayn.model.rnn) against an independent computation of
+Bahdanau et al.'s equations, its incremental decoding against the full pass, and a whole run
+through the trainer, checkpoints, averaging and search."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from aiayn.config import BASE, load_config
+from aiayn.decoding.beam import beam_search
+from aiayn.decoding.greedy import greedy_search
+from aiayn.model import build_model, count_parameters, flops_per_target_token
+from aiayn.model.rnn import RNNSearch
+from aiayn.special import PAD_ID
+
+CFG = replace(BASE, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5, rnn_attn=7, p_drop=0.0)
+
+
+def make(cfg=CFG, seed=0):
+    torch.manual_seed(seed)
+    return build_model(cfg).eval()
+
+
+def batch(b=3, s=7, t=5, seed=1, vocab=30):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (b, s), generator=g)
+    src[1, 5:] = PAD_ID
+    src[2, 2:] = PAD_ID
+    tgt = torch.randint(4, vocab, (b, t), generator=g)
+    return src, tgt
+
+
+# --- an independent computation: the equations, one sentence at a time, in float64 -----------
+
+
+def gru(x, h, w_ih, w_hh, b_ih, b_hh):
+    """One GRU step written out (reset r, update z, candidate n; rows of the weights in r, z, n
+    order, as PyTorch stores them)."""
+    gi = [w @ x + b for w, b in zip(w_ih.chunk(3), b_ih.chunk(3))]
+    gh = [w @ h + b for w, b in zip(w_hh.chunk(3), b_hh.chunk(3))]
+    r = torch.sigmoid(gi[0] + gh[0])
+    z = torch.sigmoid(gi[1] + gh[1])
+    n = torch.tanh(gi[2] + r * gh[2])
+    return (1 - z) * n + z * h
+
+
+def reference_logits(m: RNNSearch, src: list[int], tgt_in: list[int]) -> torch.Tensor:
+    p = {k: v.double() for k, v in m.state_dict().items()}
+    emb = p["src_embed.weight"]
+    hdim = m.cfg.rnn_hidden
+    xs = [emb[i] for i in src]
+    fwd, h = [], torch.zeros(hdim, dtype=torch.float64)
+    for x in xs:
+        h = gru(x, h, p["encoder.weight_ih_l0"], p["encoder.weight_hh_l0"],
+                p["encoder.bias_ih_l0"], p["encoder.bias_hh_l0"])
+        fwd.append(h)
+    bwd, h = [], torch.zeros(hdim, dtype=torch.float64)
+    for x in reversed(xs):
+        h = gru(x, h, p["encoder.weight_ih_l0_reverse"], p["encoder.weight_hh_l0_reverse"],
+                p["encoder.bias_ih_l0_reverse"], p["encoder.bias_hh_l0_reverse"])
+        bwd.insert(0, h)
+    ann = [torch.cat([f, b]) for f, b in zip(fwd, bwd)]
+    s = torch.tanh(p["init_state.weight"] @ bwd[0] + p["init_state.bias"])
+    rows = []
+    for y_id in tgt_in:
+        y = emb[y_id]
+        e = [float(p["score.weight"][0] @ torch.tanh(p["query_proj.weight"] @ s + p["query_proj.bias"]
+                                                   + p["key_proj.weight"] @ a)) for a in ann]
+        z = sum(math.exp(v) for v in e)
+        c = sum((math.exp(v) / z) * a for v, a in zip(e, ann))
+        s = gru(torch.cat([y, c]), s, p["cell.weight_ih"], p["cell.weight_hh"], p["cell.bias_ih"],
+                p["cell.bias_hh"])
+        t = p["readout.weight"] @ torch.cat([s, y, c]) + p["readout.bias"]
+        t = torch.maximum(t[0::2], t[1::2])  # maxout over consecutive pairs
+        rows.append(emb @ t)  # output layer tied to the embedding
+    return torch.stack(rows)
+
+
+def test_rnn_equals_the_equations_sentence_by_sentence():
+    m = make()
+    src, tgt = batch()
+    with torch.no_grad():
+        logits = m.double()(src, tgt)
+    for b in range(src.size(0)):
+        real = [int(i) for i in src[b] if i != PAD_ID]
+        expected = reference_logits(m, real, tgt[b].tolist())
+        torch.testing.assert_close(logits[b], expected, rtol=1e-9, atol=1e-9)
+
+
+def test_attention_weights_are_a_distribution_over_real_source_tokens():
+    m = make()
+    src, tgt = batch()
+    _, att = m(src, tgt, return_attention=True)
+    (w,) = att["cross"]
+    assert w.shape == (3, 1, 5, 7)
+    torch.testing.assert_close(w.sum(-1), torch.ones(3, 1, 5))
+    assert w[1, :, :, 5:].abs().max() == 0 and w[2, :, :, 2:].abs().max() == 0
+
+
+def test_cached_decoding_equals_full_pass_and_reorders():
+    m = make()
+    src, tgt = batch()
+    mask = src != PAD_ID
+    with torch.no_grad():
+        full = m(src, tgt)
+        cache = m.new_cache(m.encode(src, mask), mask)
+        steps = [m.decode_step(tgt[:, i:i + 1], cache) for i in range(3)]
+        torch.testing.assert_close(torch.stack(steps, 1), full[:, :3], rtol=0, atol=1e-6)
+        index = torch.tensor([2, 2, 0, 1])
+        cache.reorder(index)
+        nxt = m.decode_step(tgt[index, 3:4], cache)
+        torch.testing.assert_close(nxt, m(src[index], tgt[index, :4])[:, -1], rtol=0, atol=1e-6)
+
+
+def test_untied_vocabularies_and_counts():
+    cfg = replace(CFG, tgt_vocab_size=20, tie_embeddings=False, tie_output=False)
+    m = make(cfg)
+    src, _ = batch()
+    tgt = torch.randint(4, 20, (3, 4))
+    assert m(src, tgt).shape == (3, 4, 20)
+    assert count_parameters(cfg) == sum(p.numel() for p in m.parameters())
+    assert count_parameters(CFG) < count_parameters(cfg)
+    # the recurrence, not the vocabulary, dominates at RNNsearch's sizes
+    big = replace(BASE, arch="rnn", vocab_size=30_000)
+    assert flops_per_target_token(big) > flops_per_target_token(replace(big, rnn_hidden=500))
+
+
+# --- a whole run: trainer, checkpoints, averaging, searches -------------------------------
+
+
+@pytest.fixture(scope="module")
+def rnn_run(tmp_path_factory):
+    from aiayn.training.trainer import TrainOptions, train
+    from training_fixtures import tiny_dataset
+
+    root = tmp_path_factory.mktemp("rnn")
+    data = tiny_dataset(root)
+    cfg = load_config("base", overrides=["arch=rnn", "rnn_emb=32", "rnn_hidden=48", "rnn_attn=32",
+                                         "p_drop=0.0", "warmup_steps=40", "max_tokens=400",
+                                         "lr_scale=4"])
+    opts = TrainOptions(max_steps=240, eval_every=120, save_every=60, keep=4, threads=1,
+                        tensorboard=False, progress=False, eval_bleu_sentences=0, save_minutes=None)
+    summary = train(cfg, data, root / "run", opts)
+    return data, root / "run", summary
+
+
+def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
+    from aiayn.data.dataset import ParallelDataset
+    from aiayn.decoding.common import source_batch
+    from aiayn.model.io import load_model
+    from aiayn.training.average import average_checkpoints
+    from aiayn.training.checkpoint import list_checkpoints
+
+    data, run, summary = rnn_run
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in records if r["kind"] == "dev"]
+    first = [r for r in records if r["kind"] == "train"][0]
+    assert first["nll"] > 2.5  # about log(25): it starts knowing nothing
+    assert dev[-1]["dev_nll"] < 0.8  # and learns to reverse and shift the words
+    ckpts = [d for _, d in list_checkpoints(run)]
+    assert len(ckpts) == 4
+    avg = load_model(average_checkpoints(ckpts[-2:], tmp_path / "avg"))
+    assert isinstance(avg.model, RNNSearch)
+
+    valid = ParallelDataset(data, "valid")
+    sources = [valid[i][0].tolist() for i in range(24)]
+    src, mask = source_batch(sources)
+    model = load_model(ckpts[-1]).model
+    greedy = greedy_search(model, src, mask)
+    beam1 = beam_search(model, src, mask, beam_size=1, alpha=0.0)
+    assert [h.tokens for h in greedy] == [b[0].tokens for b in beam1]
+    right = sum(h.tokens == valid[i][1].tolist() for i, h in enumerate(greedy))
+    assert right >= 4  # held-out sentences translated exactly (chance: none)
+    # text in, text out: the averaged model through the Translator, beam 4 (the config's)
+    from aiayn.decoding.translate import Translator
+
+    lines, refs = zip(*(valid.text(i) for i in range(24)))
+    out = Translator(avg).translate(list(lines))
+    assert sum(o == r for o, r in zip(out, refs)) >= 4
+
+
+def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bleu_vs_time
+
+    data, run, _ = rnn_run
+    from aiayn.training.checkpoint import list_checkpoints
+
+    last = list_checkpoints(run)[-1][1]
+    out = tmp_path / "curve"
+    assert bleu_vs_time.main(["--data", str(data), "--run", f"A={run}", "--run", f"B={run}",
+                              "--out", str(out), "--sentences", "20", "--align", f"RNN={last}",
+                              "--align", f"again={last}", "--sentence", "1",
+                              "--align-split", "valid"]) == 0
+    got = json.loads(out.with_suffix(".json").read_text())
+    walls, bleus = bleu_vs_time.curve(got["A"])
+    assert len(walls) == 4 and walls == sorted(walls) and walls[0] > 0
+    assert bleus[-1] > bleus[0]
+    # the same run twice: "A" reaches B's final BLEU exactly when B ends, at most
+    assert got["comparison"]["target_bleu"] == bleus[-1] and got["comparison"]["ratio"] <= 1
+    assert out.with_suffix(".png").stat().st_size > 0 and (tmp_path / "curve-align.png").exists()
+
+
+def test_first_reaching_interpolates():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bleu_vs_time import first_reaching
+
+    assert first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
+    assert first_reaching([60, 120], [10, 20], 5) == 60
+    assert first_reaching([60, 120], [10, 20], 21) is None

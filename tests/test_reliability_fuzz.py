@@ -1,0 +1,84 @@
+"""Property-based fuzzing of the corpus readers (hypothesis): random bytes, text in several
+encodings with every kind of line ending, TSV and SGML files, gzip files cut short or damaged.
+Every input either prepares into a dataset that loads, or ends with a one-line UserError; no other
+exception. Bounded (a fixed number of examples, derandomized) so it stays fast and repeatable."""
+
+from __future__ import annotations
+
+import gzip
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiayn.data.corpus import find_parallel
+from aiayn.data.dataset import ParallelDataset
+from aiayn.data.prepare import PrepareOptions, prepare_dataset
+from aiayn.errors import UserError
+
+# letters, digits, space, tab, CR, LF, NUL, BOM, a line separator, non-Latin letters, an emoji, a
+# combining accent, a lone surrogate's neighbours and other odd code points
+ALPHABET = st.sampled_from(list("abcdeXYZ019 \t\r\n\0") + ["\ufeff", "\u2028", "ä", "ß", "ж", "中",
+                                                           "😀", "\u0301", "\ud7ff", "\ue000", "\x85"])
+ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "latin-1", "cp1252"]
+
+
+@st.composite
+def text_file(draw) -> bytes:
+    lines = draw(st.lists(st.text(ALPHABET, max_size=12), max_size=12))
+    ending = draw(st.sampled_from(["\n", "\r\n", "\r", ""]))
+    text = ending.join(lines) + draw(st.sampled_from(["", "\n", "\r\n"]))
+    return text.encode(draw(st.sampled_from(ENCODINGS)), errors="replace")
+
+
+@st.composite
+def damaged(draw, content) -> bytes:
+    """`content`, possibly gzipped and then cut short or with a byte changed."""
+    data = draw(content)
+    if not draw(st.booleans()):
+        return data
+    data = bytearray(gzip.compress(data))
+    how = draw(st.sampled_from(["whole", "cut", "flip"]))
+    if how == "cut":
+        del data[draw(st.integers(0, len(data) - 1)):]
+    elif how == "flip":
+        i = draw(st.integers(0, len(data) - 1))
+        data[i] ^= draw(st.integers(1, 255))
+    return bytes(data)
+
+
+def sgml(lines: list[str]) -> bytes:
+    return ("<doc>\n" + "".join(f'<seg id="{i}">{s}</seg>\n' for i, s in enumerate(lines)) + "</doc>\n").encode()
+
+
+FILE = damaged(st.one_of(st.binary(max_size=200), text_file(),
+                         st.lists(st.text(ALPHABET, max_size=8), max_size=6).map(sgml)))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(kind=st.sampled_from(["pair", "tsv", "sgm"]), src=FILE, tgt=FILE,
+       model=st.sampled_from([("char", 40), ("bpe", 300), ("word", 12), ("unigram", 20)]))
+def test_every_corpus_prepares_or_ends_with_one_line(kind, src, tgt, model):
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        if kind == "tsv":
+            (root / "c.tsv").write_bytes(src)
+            values = [str(root / "c.tsv")]
+        else:
+            ext = ".sgm" if kind == "sgm" else ""
+            (root / f"c.xx{ext}").write_bytes(src)
+            (root / f"c.yy{ext}").write_bytes(tgt)
+            values = [str(root / "c")]
+        try:
+            source = find_parallel(values, "xx", "yy")
+            result = prepare_dataset(root / "ds", {"train": source},
+                                     PrepareOptions("xx", "yy", vocab_size=model[1], model_type=model[0]))
+        except UserError as e:
+            assert str(e) and "\n" not in str(e), repr(str(e))
+            return
+        ds = ParallelDataset(result.out_dir, "train")
+        assert len(ds) == result.manifest["splits"]["train"]["pairs"] > 0
+        for i in range(len(ds)):
+            ds.text(i)

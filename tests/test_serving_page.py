@@ -1,0 +1,99 @@
+"""The web page in a real browser: Debian's headless Chromium, driven by selenium through Debian's
+chromedriver (never a browser or driver downloaded by a tool). A person's steps: open the page,
+type a sentence, wait for the translation, its n-best list and its attention heatmap; then the
+screenshot must show them, at a desktop's width and at a phone's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aiayn.decoding.translate import Translator
+from aiayn.model.io import load_model
+from aiayn.serving.app import create_app
+from aiayn.serving.settings import ServeSettings
+from serving_helpers import AttentionEngine, chrome, serve_in_thread
+
+SENTENCE = "the cat sat on the mat"
+
+
+def image(path) -> np.ndarray:
+    import matplotlib.image
+
+    return matplotlib.image.imread(str(path))[:, :, :3]  # (H, W, 3) floats in [0, 1]
+
+
+def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
+    pytest.importorskip("selenium")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    loaded = load_model(model_dir)
+    loaded.meta = {"src_lang": "en", "tgt_lang": "de"}
+    expected = Translator(loaded).translate([SENTENCE])[0]
+    app = create_app(AttentionEngine(loaded), ServeSettings())
+    with serve_in_thread(app) as url:
+        driver = chrome(tmp_path / "profile", 1100, 1000, skip=pytest.skip, fail=pytest.fail)
+        try:
+            wait = WebDriverWait(driver, 60)
+            driver.get(url + "/")
+            wait.until(lambda d: "→" in d.find_element(By.ID, "model-info").text)
+            box = driver.find_element(By.ID, "src")
+            box.send_keys(SENTENCE)  # one key at a time, as typed
+            wait.until(lambda d: " ms" in d.find_element(By.ID, "status").text
+                       and d.find_element(By.ID, "out").text == expected)
+            wait.until(lambda d: d.find_element(By.ID, "heatmap").is_displayed())
+            nbest = driver.find_elements(By.CSS_SELECTOR, "#nbest li")
+            assert len(nbest) == min(3, loaded.cfg.beam_size)
+            assert nbest[0].text.startswith(expected)
+            # The debounce sent far fewer requests than keys were typed.
+            sent = app.state.metrics.requests.labels("/translate", "200")._value.get()
+            assert 1 <= sent < len(SENTENCE) / 2
+            shot = tmp_path / "desktop.png"
+            driver.save_screenshot(str(shot))
+            canvas = driver.find_element(By.ID, "heatmap")
+            # The heatmap's cells: blue in proportion to the weights (a strong diagonal).
+            pixels = image(shot)
+            r = canvas.rect
+            dpr = pixels.shape[1] / driver.execute_script("return window.innerWidth")
+            cells = pixels[int(r["y"] * dpr): int((r["y"] + r["height"]) * dpr),
+                           int(r["x"] * dpr): int((r["x"] + r["width"]) * dpr)]
+            deep_blue = (cells[:, :, 2] - cells[:, :, 0] > 0.3).mean()  # weight 0.7: B - R = 0.44
+            assert 0.01 < deep_blue < 0.5, deep_blue
+            assert not_blank(pixels)
+
+            # A second line: only it goes to the server, the first comes from the page's cache.
+            second = "a dog runs in the park"
+            expected2 = Translator(loaded).translate([second])[0]
+            before = app.state.metrics.sentences._value.get(), translate_requests(app)
+            box.send_keys(Keys.ENTER, second)
+            wait.until(lambda d: d.find_element(By.ID, "out").text == expected + "\n" + expected2
+                       and "from cache" in d.find_element(By.ID, "status").text)
+            # Each request since carried one sentence at most (typing may send a few prefixes).
+            sentences = app.state.metrics.sentences._value.get() - before[0]
+            assert 1 <= sentences <= translate_requests(app) - before[1]
+
+            driver.set_window_size(390, 844)  # a phone
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0
+            phone = tmp_path / "phone.png"
+            driver.save_screenshot(str(phone))
+            assert not_blank(image(phone))
+        finally:
+            driver.quit()
+
+
+def translate_requests(app) -> float:
+    """/translate requests answered so far, whatever their status."""
+    return sum(s.value for family in app.state.metrics.registry.collect() for s in family.samples
+               if s.name == "aiayn_http_requests_total" and s.labels["path"] == "/translate")
+
+
+def not_blank(pixels: np.ndarray) -> bool:
+    """A rendered page, not an empty or one-colour screenshot: dark text on a light page, and
+    more than a handful of colours."""
+    grey = pixels.mean(axis=2)
+    colours = len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    return bool((grey < 0.3).mean() > 0.001 and (grey > 0.9).mean() > 0.3 and colours > 50)
