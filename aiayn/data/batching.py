@@ -88,7 +88,7 @@ def cut_points(k_sorted: np.ndarray, max_tokens: int, max_sentences: int | None 
     # whose widest member has width v holds at most max_tokens // v pairs, and at most the pairs
     # from i to the last one of width v; the batch is the best such v.
     first = np.flatnonzero(np.r_[True, k_sorted[1:] != k_sorted[:-1]])  # start of each width's run
-    vals = k_sorted[first]
+    vals = k_sorted[first].astype(np.int64)  # int32 widths: max_tokens may not fit int32
     end = np.append(first[1:], n)  # exclusive end of each width's run
     cap = max_tokens // vals
     if max_sentences is not None:
