@@ -3,7 +3,8 @@ locks on outputs, I/O failures as one-line errors, and checks of what is read ba
 
 - Atomic outputs: `atomic_write` (a file) and `write_dir_atomically` (a directory) write a hidden
   temporary sibling, fsync it and rename it into place: a crash at any instant leaves either the
-  old output or the new one, never a torn one.
+  old output or the new one, never a torn one. `publish_dir` puts a directory written elsewhere
+  beside the output (a resumable work directory) in place the same way.
 - Temporary names carry the writer's PID and host (`temp_path`): `.NAME.PID@HOST.RANDOM.tmp`. The
   writers above, and `remove_stale_temporaries`, delete those whose process is gone, so a killed
   command leaves nothing behind for long.
@@ -45,6 +46,15 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     if p.exists() and not overwrite:
         raise UserError(f"{p} already exists; pass --overwrite to replace it")
     return p
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes, streamed; a missing or unreadable file is a one-line `UserError`."""
+    h = hashlib.sha256()
+    with reading(path), open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -278,10 +288,8 @@ def _fsync_files(directory: Path, mode: int) -> None:
 
 
 def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
-    """Call `fill(tmp)` to populate a fresh temporary sibling directory, fsync its files, give them
-    the user's usual permissions, then put it at `path`. An existing directory at `path` is
-    replaced in one atomic swap (or, where the system cannot swap, set aside and put back if the
-    rename fails; `remove_stale_temporaries` restores it after a kill). An I/O failure becomes a
+    """Call `fill(tmp)` to populate a fresh temporary sibling directory, then put it at `path`
+    (`publish_dir`). On any failure the temporary directory is removed, an I/O failure becomes a
     one-line `OutputError`, and whatever was at `path` stays."""
     path = Path(path)
     with writing(path):
@@ -291,27 +299,46 @@ def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]
         os.mkdir(tmp, 0o700)
         try:
             fill(tmp)
-            mode = _umask_mode()
-            _fsync_files(tmp, mode)
-            os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
-            fsync_dir(tmp)
-            if not os.path.lexists(path):
-                os.replace(tmp, path)
-            elif _exchange(tmp, path):
-                _remove(tmp)  # the previous version, now under the temporary name
-            else:
-                old = temp_path(path, "old")
-                os.replace(path, old)
-                try:
-                    os.replace(tmp, path)
-                except BaseException:
-                    os.replace(old, path)  # put the previous version back
-                    raise
-                _remove(old)
-            fsync_dir(path.parent)
+            publish_dir(tmp, path)
         except BaseException:
             _remove(tmp)
             raise
+    return path
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Put the complete directory `tmp` (a sibling of `path`; `write_dir_atomically`'s temporary,
+    or a resumable work directory such as `aiayn prepare`'s) at `path`: fsync its files, give them
+    the user's usual permissions, rename. An existing directory at `path` is replaced in one atomic
+    swap (or, where the system cannot swap, set aside and put back if the rename fails;
+    `remove_stale_temporaries` restores it after a kill). An I/O failure becomes a one-line
+    `OutputError`, and whatever was at `path` stays. A directory not named by `temp_path` is
+    renamed to such a name first, so that the previous version, which the swap leaves under it,
+    is a temporary that `remove_stale_temporaries` deletes should a kill interrupt its removal."""
+    tmp, path = Path(tmp), Path(path)
+    with writing(path):
+        if not is_temporary(tmp.name):
+            staged = temp_path(path)
+            os.replace(tmp, staged)
+            tmp = staged
+        mode = _umask_mode()
+        _fsync_files(tmp, mode)
+        os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
+        fsync_dir(tmp)
+        if not os.path.lexists(path):
+            os.replace(tmp, path)
+        elif _exchange(tmp, path):
+            _remove(tmp)  # the previous version, now under the temporary name
+        else:
+            old = temp_path(path, "old")
+            os.replace(path, old)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)  # put the previous version back
+                raise
+            _remove(old)
+        fsync_dir(path.parent)
     return path
 
 

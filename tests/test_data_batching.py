@@ -52,6 +52,13 @@ def test_batches_are_greedy_full():
         assert (size + 1) * k[b[j + 1]] > 300
 
 
+def test_an_unbounded_budget_over_int32_widths_is_one_batch():
+    # a dataset's lengths are int32; "no token limit" (translation by sentence count) is huge
+    k = np.array([2, 3, 3, 7], np.int32)
+    assert cut_points(k, 2**63 - 1).tolist() == [0, 4]
+    assert cut_points(k, 2**63 - 1, max_sentences=3).tolist() == [0, 3, 4]
+
+
 def test_same_seed_same_batches_different_seed_or_epoch_differs():
     src, tgt = lengths()
     a = TokenBatchSampler(src, tgt, 800, seed=7)

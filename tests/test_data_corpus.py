@@ -152,3 +152,47 @@ def test_length_filters_against_reference():
         assert bad_ratio[i] == (max(s[i], t[i]) / min(s[i], t[i]) > 3.0)
     off_long, off_ratio = length_filters(s, t, max_len=0, max_ratio=0)
     assert not off_long.any() and not off_ratio.any()
+
+
+# --- streaming (what `aiayn prepare` reads corpora of any size with) ----------------------------
+
+from aiayn.data.corpus import iter_line_blocks  # noqa: E402
+
+TRICKY = "\ufeffeins\r\nzwei\n\n  drei \rx\nÜber\u2028vier\nfünf ohne Zeilenende"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("block", [1, 3, 7, 64, 1 << 20])
+def test_streamed_lines_equal_the_whole_file(tmp_path, gz, block):
+    p = write(tmp_path / "t.txt", TRICKY, gz=gz)
+    blocks = list(iter_line_blocks(p, block_bytes=block))
+    assert all(blocks)  # no empty blocks
+    assert [line for b in blocks for line in b] == read_lines(p) == [
+        "eins", "zwei", "", "  drei \rx", "Über\u2028vier", "fünf ohne Zeilenende"]
+
+
+@pytest.mark.parametrize("block", [4, 1 << 20])
+def test_streamed_errors_name_the_right_line(tmp_path, block):
+    p = write(tmp_path / "bad.de", b"a\nbb\nccc\ndddd\nee \xff\n")
+    with pytest.raises(UserError, match=r"bad\.de:5: invalid UTF-8 \(byte 0xff at column 4\)"):
+        list(iter_line_blocks(p, block_bytes=block))
+    damaged = write(tmp_path / "x.gz", gzip.compress(b"hello\n" * 1000)[:30])
+    with pytest.raises(UserError, match="damaged gzip"):
+        list(iter_line_blocks(damaged, block_bytes=block))
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_pairs_stream_in_chunks(tmp_path, size):
+    src = [f"s{i}" for i in range(11)]
+    tgt = [f"t{i}" for i in range(11)]
+    pair = ParallelSource(write(tmp_path / "a.en", "\n".join(src) + "\n"),
+                          write(tmp_path / "a.de", "\n".join(tgt) + "\n", gz=True))
+    tsv = ParallelSource(write(tmp_path / "a.tsv", "".join(f"{s}\t{t}\n" for s, t in zip(src, tgt))))
+    for source in (pair, tsv):
+        chunks = list(source.iter_chunks(size))
+        assert all(len(s) == len(t) <= size for s, t in chunks)
+        assert ([x for s, _ in chunks for x in s], [x for _, t in chunks for x in t]) == (src, tgt)
+    # a mismatch is found where the shorter side ends, and both whole counts are named
+    short = ParallelSource(pair.src, write(tmp_path / "b.de", "\n".join(tgt[:4]) + "\n"))
+    with pytest.raises(UserError, match=r"a\.en has 11 lines, .*b\.de has 4"):
+        list(short.iter_chunks(size))

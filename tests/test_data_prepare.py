@@ -78,6 +78,9 @@ def expected_filter(tok, src, tgt, max_len, max_ratio):
         if not s.strip() or not t.strip():
             reasons.append("empty")
             continue
+        if "\0" in s + t:
+            reasons.append("nul")
+            continue
         ls, lt = len(tok.encode(s)), len(tok.encode(t))
         if max(ls, lt) > max_len:
             reasons.append("too_long")
@@ -99,7 +102,7 @@ def test_prepare_then_load_round_trips(raw, tmp_path):
     kept = [i for i, r in enumerate(reasons) if r is None]
     assert len(kept) > 180
     m = json.loads((out / "manifest.json").read_text())
-    counts = {k: reasons.count(k) for k in ("empty", "too_long", "length_ratio")}
+    counts = {k: reasons.count(k) for k in ("empty", "nul", "too_long", "length_ratio")}
     assert m["splits"]["train"]["filtered"] == counts
     assert m["splits"]["train"]["pairs"] == len(kept) and m["splits"]["train"]["input_pairs"] == 200
     assert m["shared_vocab"] and m["vocab"]["src"]["size"] == 500
@@ -175,7 +178,9 @@ def test_errors_write_nothing(raw, tmp_path):
     for sp, pattern in cases:
         with pytest.raises(UserError, match=pattern):
             prepare_dataset(out, sp, options())
-        assert not out.exists() and not out.parent.exists()
+        # nothing: not the dataset, not its work directory (an empty parent, made for the output's
+        # lock, may stay)
+        assert not out.exists() and (not out.parent.exists() or list(out.parent.iterdir()) == [])
     with pytest.raises(UserError, match="too large for this corpus"):
         prepare_dataset(out, splits(d), options(vocab_size=100_000))
     assert not out.exists() and list(out.parent.iterdir()) == []
@@ -207,9 +212,7 @@ def test_separate_target_vocabulary_size(tmp_path):
     """A target vocabulary of its own size: a closed set of symbols, one id each, beside the
     source's subwords (the parsing recipe's tree symbols). Unset, it leaves the fingerprint as
     it was before the option existed, so older datasets stay up to date."""
-    from types import SimpleNamespace
-
-    from aiayn.data.prepare import _fingerprint
+    from aiayn.data.prepare import _fingerprint, fingerprint_options
 
     d = tmp_path / "raw"
     d.mkdir()
@@ -225,9 +228,11 @@ def test_separate_target_vocabulary_size(tmp_path):
     assert info.tgt_tokenizer.encode("(S XX )S") == [info.tgt_tokenizer.piece_to_id(p)
                                                      for p in ("▁(S", "▁XX", "▁)S")]
     unset = options(separate_vocab=True)
-    legacy = {k: v for k, v in unset.__dict__.items() if k != "tgt_vocab_size"}
-    assert _fingerprint(unset, {}) == _fingerprint(SimpleNamespace(**legacy), {})
-    assert _fingerprint(unset, {}) != _fingerprint(options(separate_vocab=True, tgt_vocab_size=7), {})
+    # the options as they were before tgt_vocab_size (and vocab_sample, which a corpus no larger
+    # than the sample leaves out) existed
+    legacy = {k: v for k, v in unset.__dict__.items() if k not in ("tgt_vocab_size", "vocab_sample")}
+    assert fingerprint_options(unset, 200) == legacy
+    assert _fingerprint(unset, {}, 200) != _fingerprint(options(separate_vocab=True, tgt_vocab_size=7), {}, 200)
     with pytest.raises(UserError, match="separate"):
         options(tgt_vocab_size=7).check()
 
@@ -268,5 +273,5 @@ def test_cli_prepare_and_missing_file(raw, tmp_path):
     train = ParallelDataset(out, "train").manifest["splits"]["train"]
     f = train["filtered"]
     assert f"train: {train['pairs']} pairs" in ok.stdout
-    assert f"(empty 1, too long {f['too_long']}, length ratio {f['length_ratio']})" in ok.stdout
+    assert f"(empty 1, NUL bytes 0, too long {f['too_long']}, length ratio {f['length_ratio']})" in ok.stdout
     assert ParallelDataset(out, "test").reference_lines() == raw["test"][1]

@@ -49,7 +49,8 @@ def test_config_py_holds_only_the_papers_presets_and_recipes_keep_theirs():
     from aiayn.config import all_presets, get_preset
     from aiayn.recipes import recipe_presets
 
-    assert set(PRESETS) == {"base", "parsing", *TABLE3_DELTAS}
+    assert set(PRESETS) == {"base", "parsing", "big-enfr", *TABLE3_DELTAS}
+    assert PRESETS["big-enfr"] == replace(PRESETS["big"], p_drop=0.1)  # §6.1: EN-FR big drops 0.1
     recipes = recipe_presets()
     assert {"g2p", "g2p-v2", "multi30k", "multi30k-v3"} <= set(recipes)
     assert not set(recipes) & set(PRESETS) and all_presets() == {**PRESETS, **recipes}

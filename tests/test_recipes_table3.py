@@ -51,7 +51,7 @@ SHAPE = ("n_layers", "d_model", "d_ff", "n_heads", "head_dim_k", "head_dim_v", "
 
 def test_the_rows_are_the_papers_table3_presets_but_big():
     assert list(ROWS) == list(EXPECTED)
-    assert set(PRESETS) - set(ROWS) == {"big", "parsing"} and set(PAPER_TABLE3) == {*ROWS, "big"}
+    assert set(PRESETS) - set(ROWS) == {"big", "big-enfr", "parsing"} and set(PAPER_TABLE3) == {*ROWS, "big"}
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -19,7 +19,7 @@ import torch
 from aiayn import io
 from aiayn.cli import main as cli_main
 from aiayn.config import BASE, Config, load_config
-from aiayn.data.dataset import ParallelDataset, load_dataset_dir
+from aiayn.data.dataset import ParallelDataset, idx_file, ids_file, load_dataset_dir
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, read_config
 from aiayn.training import checkpoint as ckpt
@@ -116,6 +116,24 @@ def test_a_malformed_manifest_names_its_field(dataset, change, message):
         load_dataset_dir(dataset)
 
 
+def test_a_shard_list_that_does_not_add_up_is_refused(dataset):
+    path = dataset / "manifest.json"
+    d = json.loads(path.read_text())
+    d["splits"]["train"]["shards"][0]["pairs"] = 59
+    path.write_text(json.dumps(d))
+    with pytest.raises(UserError, match=re.escape(f"{path}: field 'splits.train.shards': the shards' "
+                                                  "pairs add up to 59, the split says 60")):
+        load_dataset_dir(dataset)
+    d["splits"]["train"]["shards"][0]["files"] = ["x"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(UserError, match=re.escape("field 'splits.train.shards[0].files' must be an object")):
+        load_dataset_dir(dataset)
+    d["splits"]["train"]["shards"] = []
+    path.write_text(json.dumps(d))
+    with pytest.raises(UserError, match=re.escape(f"{path}: field 'splits.train.shards' lists no shards")):
+        load_dataset_dir(dataset)
+
+
 def test_a_missing_manifest_field_is_named(dataset):
     d = json.loads((dataset / "manifest.json").read_text())
     del d["splits"]["train"]["src_tokens"]
@@ -132,7 +150,7 @@ def test_a_missing_manifest_field_is_named(dataset):
     ("out of range", "token ids outside the vocabulary of 25 pieces"),
 ])
 def test_a_malformed_id_array_names_its_file(dataset, array, message):
-    path = dataset / "train.src.ids.npy"
+    path = dataset / ids_file("train", "src", 0)
     if isinstance(array, str) and array == "truncated":
         path.write_bytes(path.read_bytes()[:100])
     elif isinstance(array, str):
@@ -149,7 +167,7 @@ def test_a_malformed_id_array_names_its_file(dataset, array, message):
 
 
 def test_offsets_that_do_not_fit_are_refused(dataset):
-    path = dataset / "train.tgt.idx.npy"
+    path = dataset / idx_file("train", "tgt", 0)
     idx = np.load(path)
     idx[[2, 3]] = idx[[3, 2]]  # decreasing somewhere
     np.save(path, idx)

@@ -1,5 +1,7 @@
 """`aiayn prepare`: learn a subword vocabulary and binarize a parallel corpus into a dataset directory.
 
+Any size: the corpus is streamed, the vocabulary learned from a sample, the encoding spread over
+worker processes and written in shards; an interrupted run resumes where it stopped.
 Each corpus is given as PREFIX (finds PREFIX.<src-lang> and PREFIX.<tgt-lang>, each optionally .gz
 or WMT .sgm), as one FILE.tsv (source<TAB>target), or as two files SRC TGT. Only the training
 corpus is cleaned; dev and test sets keep every line. Re-running with the same inputs and options
@@ -43,12 +45,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ratio", type=float, default=9.0,
                    help="drop training pairs whose longer side has more than this many times the "
                         "tokens of the shorter (0: no limit; default 9)")
+    p.add_argument("--vocab-sample", type=int, default=1_000_000, metavar="N",
+                   help="learn the vocabulary from a seeded random sample of N training pairs "
+                        "(default 1000000; 0: from every pair). Corpora of at most N pairs are "
+                        "learned from whole")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="encoding processes (default: one per CPU core)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def main(args: argparse.Namespace) -> int:
     from aiayn.data.corpus import find_parallel
     from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
+    from aiayn.errors import UserError
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -57,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
         separate_vocab=args.separate_vocab, model_type=args.model_type,
         tgt_model_type=args.tgt_model_type, tgt_vocab_size=args.tgt_vocab_size, max_len=args.max_len,
-        max_ratio=args.max_ratio,
+        max_ratio=args.max_ratio, vocab_sample=args.vocab_sample,
     )
     options.check()
     splits = {"train": find_parallel(args.train, args.src_lang, args.tgt_lang)}
@@ -65,6 +75,9 @@ def main(args: argparse.Namespace) -> int:
         splits["valid"] = find_parallel(args.valid, args.src_lang, args.tgt_lang)
     for i, values in enumerate(args.test):
         splits["test" if i == 0 else f"test{i + 1}"] = find_parallel(values, args.src_lang, args.tgt_lang)
-    result = prepare_dataset(args.out, splits, options, overwrite=args.overwrite, log=log)
+    if args.workers is not None and args.workers < 0:
+        raise UserError(f"--workers must be >= 0 (0: encode in this process), got {args.workers}")
+    result = prepare_dataset(args.out, splits, options, overwrite=args.overwrite, log=log,
+                             workers=args.workers, progress=not args.no_progress)
     print(format_summary(result))
     return 0

@@ -11,9 +11,10 @@ their trailing "\\n" and one trailing "\\r"; nothing else is changed (no Unicode
 whitespace collapsing). The one exception is a UTF-8 byte order mark at the very start of a file,
 which is an encoding marker rather than text and is dropped.
 
-Problems are `UserError`s naming the file (and the 1-based line where there is one), raised before
-anything is written: a missing file, invalid UTF-8, line counts that differ, a TSV line without
-exactly one tab, an SGML file without segments.
+Problems are `UserError`s naming the file (and the 1-based line where there is one): a missing
+file, invalid UTF-8, line counts that differ, a TSV line without exactly one tab, an SGML file
+without segments. Corpora of any size are read streamed (`iter_line_blocks`,
+`ParallelSource.iter_chunks`): the same lines and errors, in bounded memory.
 
 Cleaning (`empty_pairs`, `nul_pairs`, `length_filters`) applies to training data only; dev and test sets are
 never filtered or reordered, one output line per input line. Lengths for the filters are counted in
@@ -23,12 +24,14 @@ subword tokens (not words): the limit then means the same thing as the batcher's
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Iterator, Sequence
 
 import numpy as np
 
@@ -38,38 +41,64 @@ from aiayn.io import reading
 GZIP_MAGIC = b"\x1f\x8b"
 SGML_SUFFIXES = (".sgm", ".sgml")
 TSV_SUFFIXES = (".tsv",)
+READ_BLOCK = 1 << 24  # bytes read at a time when streaming a corpus
 
 
 def read_bytes(path: str | Path) -> bytes:
     """The content of `path`, gunzipped if it is gzip (by magic bytes)."""
+    with _open_binary(path) as f:
+        return _read_or_fail(f, -1, path)
+
+
+@contextlib.contextmanager
+def _open_binary(path: str | Path) -> Iterator[IO[bytes]]:
+    """`path` opened for reading bytes, through a gunzipping stream if it is gzip (by magic bytes)."""
     p = Path(path)
+    with reading(p, "a text file"):
+        f = open(p, "rb")
+    with f:
+        gz = f.read(2) == GZIP_MAGIC
+        f.seek(0)
+        if gz:
+            with gzip.GzipFile(fileobj=f) as g:
+                yield g
+        else:
+            yield f
+
+
+def _read_or_fail(f: IO[bytes], size: int, path: str | Path) -> bytes:
     try:
-        with reading(p, "a text file"), open(p, "rb") as f:
-            head = f.read(2)
-            f.seek(0)
-            if head == GZIP_MAGIC:
-                with gzip.GzipFile(fileobj=f) as g:
-                    return g.read()
-            return f.read()
+        return f.read(size)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise UserError(f"{p}: damaged gzip file ({e})") from None
+        raise UserError(f"{path}: damaged gzip file ({e})") from None
 
 
-def decode_utf8(data: bytes, path: str | Path) -> str:
-    """Strict UTF-8 decoding; an error names the file, 1-based line and column. Data that is a
-    quarter NUL bytes or more is refused: it is UTF-16 or binary, whatever it decodes to."""
+def refuse_binary(data: bytes, path: str | Path, start: int | None = None) -> None:
+    """Refuse data that is a quarter NUL bytes or more: it is UTF-16 or binary, whatever it decodes
+    to. `start`: where `data` begins in the file, when it is one block of a longer file."""
     nul = data.count(b"\0")
     if nul and nul * 4 >= len(data):
-        raise UserError(f"{path}: {nul} of its {len(data)} bytes are NUL: UTF-16 or binary data, "
-                        f"not UTF-8 text (convert it with iconv -f UTF-16 -t UTF-8)")
+        where = "" if start is None else f" from byte {start}"
+        raise UserError(f"{path}: {nul} of its {len(data)} bytes{where} are NUL: UTF-16 or binary "
+                        f"data, not UTF-8 text (convert it with iconv -f UTF-16 -t UTF-8)")
+
+
+def decode_utf8(data: bytes, path: str | Path, first_line: int = 1, strip_bom: bool = True,
+                check_binary: bool = True) -> str:
+    """Strict UTF-8 decoding; an error names the file, 1-based line and column (`first_line` is
+    the line number of `data`'s first line, for blocks of a longer file). A byte order mark at
+    the start is dropped when `strip_bom` (the start of a file). Binary data is refused
+    (`refuse_binary`) unless the caller has checked it (`check_binary` False)."""
+    if check_binary:
+        refuse_binary(data, path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + first_line
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         bad = data[e.start]
         raise UserError(f"{path}:{line}: invalid UTF-8 (byte 0x{bad:02x} at column {col})") from None
-    return text[1:] if text.startswith("\ufeff") else text
+    return text[1:] if strip_bom and text.startswith("\ufeff") else text
 
 
 def split_lines(text: str) -> list[str]:
@@ -84,9 +113,34 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
+def iter_line_blocks(path: str | Path, block_bytes: int = READ_BLOCK) -> Iterator[list[str]]:
+    """The lines of a plain or gzipped UTF-8 file, streamed in blocks of whole lines (about
+    `block_bytes` each): the same lines as `read_lines`, with the same errors, in bounded memory."""
+    with _open_binary(path) as f:
+        carry, line_no, first, start = b"", 1, True, 0
+        while True:
+            block = _read_or_fail(f, block_bytes, path)
+            if not block:  # the end: a last line without a final newline
+                if carry:
+                    yield split_lines(decode_utf8(carry, path, line_no, first, check_binary=False))
+                return
+            # each block read is checked whole (a whole small file: the same as `decode_utf8`)
+            refuse_binary(block, path, None if start == 0 and len(block) < block_bytes else start)
+            start += len(block)
+            data = carry + block
+            # cut after the last newline: a multi-byte UTF-8 character never contains byte 0x0a
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                lines = split_lines(decode_utf8(data[:cut], path, line_no, first, check_binary=False))
+                first = False
+                line_no += len(lines)
+                yield lines
+
+
 def read_lines(path: str | Path) -> list[str]:
     """One string per line of a plain (or gzipped) UTF-8 text file."""
-    return split_lines(decode_utf8(read_bytes(path), path))
+    return [line for block in iter_line_blocks(path) for line in block]
 
 
 _SEG = re.compile(r"<seg\b[^>]*>(.*?)</seg\s*>", re.IGNORECASE)
@@ -106,13 +160,17 @@ def unescape_xml(text: str) -> str:
     return _ENTITY.sub(_entity, text) if "&" in text else text
 
 
-def read_sgml(path: str | Path) -> list[str]:
-    """The segments of a WMT SGML file (`<seg id="1">text</seg>`), in file order, unescaped."""
-    text = decode_utf8(read_bytes(path), path)
+def sgml_segments(text: str, path: str | Path) -> list[str]:
+    """The segments of a WMT SGML document (`<seg id="1">text</seg>`), in order, unescaped."""
     segs = [unescape_xml(m.group(1)) for m in _SEG.finditer(text)]
     if not segs:
         raise UserError(f"{path}: no <seg> elements found; is this a WMT SGML file?")
     return segs
+
+
+def read_sgml(path: str | Path) -> list[str]:
+    """The segments of a WMT SGML file, in file order, unescaped (`sgml_segments`)."""
+    return sgml_segments(decode_utf8(read_bytes(path), path), path)
 
 
 def _base_suffix(path: Path) -> str:
@@ -129,27 +187,32 @@ def read_text(path: str | Path) -> list[str]:
     return read_sgml(p) if _base_suffix(p) in SGML_SUFFIXES else read_lines(p)
 
 
+def iter_text(path: str | Path) -> Iterator[str]:
+    """The sentences of `read_text`, one at a time in bounded memory (SGML files, test sets of a
+    few thousand segments, are read whole)."""
+    p = Path(path)
+    if _base_suffix(p) in SGML_SUFFIXES:
+        yield from read_sgml(p)
+        return
+    for block in iter_line_blocks(p):
+        yield from block
+
+
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
     """Line-aligned source and target sentences; their counts must agree."""
-    src, tgt = read_text(src_path), read_text(tgt_path)
-    if len(src) != len(tgt):
-        raise UserError(
-            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
-        )
-    return src, tgt
+    return ParallelSource(Path(src_path), Path(tgt_path)).read()
 
 
 def read_tsv(path: str | Path) -> tuple[list[str], list[str]]:
     """`source<TAB>target` per line; each line must hold exactly one tab."""
-    src: list[str] = []
-    tgt: list[str] = []
-    for i, line in enumerate(read_lines(path), 1):
-        parts = line.split("\t")
-        if len(parts) != 2:
-            raise UserError(f"{path}:{i}: expected source<TAB>target, found {len(parts) - 1} tabs")
-        src.append(parts[0])
-        tgt.append(parts[1])
-    return src, tgt
+    return ParallelSource(Path(path)).read()
+
+
+def _tsv_fields(line: str, path: Path, number: int) -> list[str]:
+    parts = line.split("\t")
+    if len(parts) != 2:
+        raise UserError(f"{path}:{number}: expected source<TAB>target, found {len(parts) - 1} tabs")
+    return parts
 
 
 @dataclass(frozen=True)
@@ -168,7 +231,36 @@ class ParallelSource:
         return "tsv" if self.tgt is None else "pair"
 
     def read(self) -> tuple[list[str], list[str]]:
-        return read_tsv(self.src) if self.tgt is None else read_parallel(self.src, self.tgt)
+        """All (source, target) sentences; see `iter_chunks` for the checks."""
+        src: list[str] = []
+        tgt: list[str] = []
+        for s, t in self.iter_chunks(1 << 20):
+            src += s
+            tgt += t
+        return src, tgt
+
+    def iter_chunks(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
+        """(source sentences, target sentences) in chunks of `size` pairs (the last one shorter),
+        streamed in bounded memory. Line counts that differ, or a TSV line without exactly one
+        tab, are `UserError`s, raised when the reading reaches them."""
+        if self.tgt is None:
+            numbered = enumerate(iter_text(self.src), 1)
+            while chunk := list(itertools.islice(numbered, size)):
+                fields = [_tsv_fields(line, self.src, i) for i, line in chunk]
+                yield [f[0] for f in fields], [f[1] for f in fields]
+            return
+        src, tgt = iter_text(self.src), iter_text(self.tgt)
+        n_src = n_tgt = 0
+        while True:
+            s, t = list(itertools.islice(src, size)), list(itertools.islice(tgt, size))
+            n_src, n_tgt = n_src + len(s), n_tgt + len(t)
+            if len(s) != len(t):
+                n_src, n_tgt = n_src + sum(1 for _ in src), n_tgt + sum(1 for _ in tgt)
+                raise UserError(f"line counts differ: {self.src} has {n_src} lines, "
+                                f"{self.tgt} has {n_tgt}")
+            if not s:
+                return
+            yield s, t
 
 
 def _is_tsv(path: Path) -> bool:

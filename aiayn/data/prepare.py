@@ -1,28 +1,46 @@
 """`aiayn prepare`'s work: raw parallel corpora -> a binarized dataset directory (layout in
-`aiayn.data.dataset`).
+`aiayn.data.dataset`), at any size in bounded memory, resumably.
 
-Steps: read and check every input (nothing is written before all of it passes); drop training
-pairs with an empty side or a NUL byte (counted in the manifest and the summary; dev and test
-pairs with NUL bytes are kept, with a warning); learn the sentencepiece vocabulary from the
-remaining training text of both languages (§5.1, shared by default, §3.4); encode every split;
-drop training pairs that are too long or too lopsided (in subword tokens); write ids, offsets,
-raw dev/test lines, the model(s) and `manifest.json` into a temporary sibling directory and rename
-it into place, so a crash leaves either nothing or a complete dataset. Dev and test splits keep every line, in order.
+1. Check. Every input is read, streamed, before anything is written: UTF-8 (text that is mostly
+   NUL bytes, UTF-16 or binary, is refused), line counts, TSV fields. Dev and test splits (small) are kept in memory. While the training corpus streams by,
+   a seeded uniform sample of at most `vocab_sample` of its pairs is drawn (`encode.PairReservoir`,
+   the role of sentencepiece's `input_sentence_size`).
+2. Vocabulary. Sentencepiece learns it from the sample's pairs without an empty side, in corpus
+   order (§5.1; one model shared by both languages by default, §3.4). A corpus of at most
+   `vocab_sample` pairs is learned from whole.
+3. Encoding. The training corpus streams again in chunks, encoded over worker processes
+   (`encode.ChunkEncoder`) and cleaned: pairs with an empty side, a NUL byte (binary junk), too
+   long, or too lopsided in subword tokens are dropped, each counted in the manifest and the
+   summary. It is written in shards of `shard_pairs` input pairs. Dev and test splits are encoded
+   whole, every line kept, in order (pairs with NUL bytes too, with a warning).
+4. Resuming. Everything is written into a work directory beside the output, `.NAME.partial`, each
+   shard atomically and then recorded in its `progress.json`. A killed run started again with the
+   same inputs and options keeps the vocabulary and the finished shards. When every split is
+   written, the manifest goes in and the directory is renamed into place, so a reader sees either
+   nothing or a complete dataset. An error in the inputs or options removes the work directory;
+   an I/O failure (disk full) keeps it, to resume once the cause is fixed.
+5. One writer. While it checks and writes, `prepare_dataset` holds the output's lock
+   (`aiayn.io.exclusive_lock`): a second prepare into the same directory (or its work directory)
+   meanwhile is refused.
+
+Memory: the sample while the vocabulary is learned, then one shard's ids and a few chunks in
+flight; never the corpus (benchmarks/prepare_scale.py measures it).
 
 A fingerprint of the options and of the inputs' sha256 (not their paths) is stored in the manifest:
 the same inputs and options into an existing dataset are reported up to date and reused; anything
 else there is refused unless `overwrite` (and a directory that is not an aiayn dataset is never
-replaced). While it writes, `prepare_dataset` holds the output's lock (`aiayn.io.exclusive_lock`):
-a second prepare into the same directory meanwhile is refused.
+replaced). The fingerprint covers what decides the ids, not the layout: a format-1 dataset made
+from the same inputs and options is up to date too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import math
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,70 +49,33 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from aiayn.data.corpus import ParallelSource, empty_pairs, length_filters, nul_pairs
+from aiayn.data.corpus import ParallelSource, empty_pairs, nul_pairs
 from aiayn.data.dataset import (
     FORMAT,
     FORMAT_VERSION,
     SIDES,
-    ids_file,
-    idx_file,
     is_complete,
     read_manifest,
     text_file,
     token_dtype,
 )
+from aiayn.data.encode import FILTERS, ChunkEncoder, EncodedChunk, PairReservoir, clean, encode_chunk
+from aiayn.data.shards import (
+    PROGRESS_FILE,
+    intact_shards,
+    load_progress,
+    save_progress,
+    work_dir,
+    write_shard,
+)
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
-from aiayn.errors import UserError
-from aiayn.io import atomic_write, exclusive_lock, reading, write_dir_atomically
+from aiayn.errors import OutputError, UserError
+from aiayn.io import atomic_write, exclusive_lock, publish_dir, sha256_file
 
-ENCODE_CHUNK = 50_000  # sentences per sentencepiece call: bounds the memory of Python int lists
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with reading(path, "a text file"), open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-# --- encoding -----------------------------------------------------------------------------------
-
-
-def encode_lines(
-    tok: Tokenizer, lines: list[str], dtype: np.dtype, progress: str | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(flat ids, lengths) of `lines`: ids concatenated in `dtype`, lengths int64 per line."""
-    from tqdm import tqdm
-
-    flats: list[np.ndarray] = []
-    lengths = np.empty(len(lines), np.int64)
-    threads = min(8, os.cpu_count() or 1)
-    quiet = progress is None or len(lines) < 200_000
-    with tqdm(total=len(lines), desc=progress, unit="sent", disable=quiet) as bar:
-        for start in range(0, len(lines), ENCODE_CHUNK):
-            enc = tok.encode_batch(lines[start : start + ENCODE_CHUNK], num_threads=threads)
-            n = np.fromiter(map(len, enc), np.int64, count=len(enc))
-            lengths[start : start + len(enc)] = n
-            flats.append(np.fromiter(itertools.chain.from_iterable(enc), dtype, count=int(n.sum())))
-            bar.update(len(enc))
-    flat = np.concatenate(flats) if flats else np.zeros(0, dtype)
-    return flat, lengths
-
-
-def offsets_of(lengths: np.ndarray) -> np.ndarray:
-    """int64 offsets [0, l0, l0+l1, ...] of length len(lengths)+1."""
-    out = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def select(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the sentences where `keep` is True, in order."""
-    return flat[np.repeat(keep, lengths)], lengths[keep]
-
-
-# --- prepare ------------------------------------------------------------------------------------
+CHUNK_PAIRS = 10_000  # pairs per encoding task
+SHARD_PAIRS = 1_000_000  # input pairs per training shard (~120 MB of ids for WMT sentences)
+# Version of what the ids mean, in the fingerprint; the layout (FORMAT_VERSION) may change without it
+CONTENT_VERSION = 1
 
 
 @dataclass
@@ -112,6 +93,10 @@ class PrepareOptions:
     max_ratio: float = 9.0  # longer/shorter side in subword tokens, training only; 0 = no limit
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
     character_coverage: float = 1.0
+    # training pairs the vocabulary is learned from, a seeded uniform sample (0: every pair).
+    # Sentencepiece's BPE time and memory grow with its input; a million pairs (two million
+    # sentences) cover the words of WMT 2014 EN-DE that matter for a 37,000-piece vocabulary.
+    vocab_sample: int = 1_000_000
 
     def check(self) -> None:
         if self.vocab_size < 5:
@@ -120,6 +105,8 @@ class PrepareOptions:
             raise UserError("--max-len and --max-ratio must be >= 0 (0 disables the filter)")
         if self.max_ratio and self.max_ratio < 1:
             raise UserError(f"--max-ratio must be >= 1 (or 0 to disable), got {self.max_ratio}")
+        if self.vocab_sample < 0:
+            raise UserError(f"--vocab-sample must be >= 0 (0: every pair), got {self.vocab_sample}")
         for lang in (self.src_lang, self.tgt_lang):
             if not re.fullmatch(r"[A-Za-z0-9_-]+", lang):
                 raise UserError(f"language code {lang!r} should be letters, digits, '_' or '-'")
@@ -131,6 +118,10 @@ class PrepareOptions:
         if self.src_lang == self.tgt_lang:
             raise UserError(f"source and target language are both {self.src_lang!r}")
 
+    def samples(self, train_pairs: int) -> bool:
+        """Whether the vocabulary of a corpus of `train_pairs` pairs is learned from a sample."""
+        return 0 < self.vocab_sample < train_pairs
+
 
 @dataclass
 class PrepareResult:
@@ -138,6 +129,7 @@ class PrepareResult:
     manifest: dict
     up_to_date: bool
     seconds: float = 0.0
+    resumed_shards: int = 0  # training shards kept from an interrupted run
 
 
 def _describe_sources(splits: Mapping[str, ParallelSource]) -> dict[str, dict]:
@@ -150,19 +142,29 @@ def _describe_sources(splits: Mapping[str, ParallelSource]) -> dict[str, dict]:
     return out
 
 
-def _fingerprint(options: PrepareOptions, sources: dict[str, dict]) -> str:
-    """Hash of everything that decides the output: options and input contents (not their paths)."""
+def fingerprint_options(options: PrepareOptions, train_pairs: int) -> dict:
+    """The options as the fingerprint counts them. The sample size counts only when there is a
+    sample, so a corpus learned from whole keeps the fingerprint it had before sampling existed;
+    an unset target vocabulary size is left out, so datasets made before that option keep theirs."""
+    opts = {k: v for k, v in options.__dict__.items()
+            if k != "vocab_sample" and not (k == "tgt_vocab_size" and v is None)}
+    if options.samples(train_pairs):
+        opts["vocab_sample"] = options.vocab_sample
+    return opts
+
+
+def _fingerprint(options: PrepareOptions, sources: dict[str, dict], train_pairs: int) -> str:
+    """Hash of everything that decides the ids: options (`fingerprint_options`) and input contents
+    (not their paths)."""
     key = {
-        "format": [FORMAT, FORMAT_VERSION],
-        # an unset target size is left out, so datasets made before the option keep their key
-        "options": {k: v for k, v in options.__dict__.items()
-                    if not (k == "tgt_vocab_size" and v is None)},
+        "format": [FORMAT, CONTENT_VERSION],
+        "options": fingerprint_options(options, train_pairs),
         "inputs": {split: [(f["role"], f["sha256"]) for f in s["files"]] for split, s in sources.items()},
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _check_out_dir(out: Path, fingerprint: str, overwrite: bool) -> dict | None:
+def _check_out_dir(out: Path, options: PrepareOptions, sources: dict, overwrite: bool) -> dict | None:
     """The existing manifest if `out` is an up-to-date dataset; None if we may (re)build it."""
     if not out.exists():
         return None
@@ -177,24 +179,146 @@ def _check_out_dir(out: Path, fingerprint: str, overwrite: bool) -> dict | None:
         manifest = read_manifest(out)
     except UserError:
         manifest = None
-    if manifest is not None and manifest.get("fingerprint") == fingerprint and is_complete(out, manifest):
-        return manifest
+    if manifest is not None and is_complete(out, manifest):
+        wanted = _fingerprint(options, sources, manifest["splits"]["train"]["input_pairs"])
+        if manifest.get("fingerprint") == wanted:
+            return manifest
     if not overwrite:
         raise UserError(f"{out} holds a dataset made from other inputs or options; "
                         f"pass --overwrite to replace it, or choose another --out")
     return None
 
 
-def _save_array(path: Path, arr: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
+def _resumable(work: Path, options: PrepareOptions, sources: dict) -> dict | None:
+    """The progress of an interrupted run of the same inputs and options in `work`, with the
+    shards whose files are intact; None if there is nothing to resume."""
+    state = load_progress(work)
+    try:
+        if state is None or state["fingerprint"] != _fingerprint(options, sources, state["train_pairs"]):
+            return None
+    except (KeyError, TypeError):
+        return None
+    state["shards"] = intact_shards(work, state["shards"])
+    return state
 
 
-def _write_lines(path: Path, lines: list[str]) -> None:
-    with atomic_write(path, "w") as f:
-        f.write("".join(line + "\n" for line in lines))
+# --- the steps ----------------------------------------------------------------------------------
+
+
+def _learn_vocab(work: Path, src: list[str], tgt: list[str], options: PrepareOptions,
+                 train_pairs: int, say) -> dict:
+    """Train the tokenizer(s) (§5.1) and save them in `work`; their manifest entry by side."""
+    kind = "separate" if options.separate_vocab else "shared"
+    whence = f"a sample of {len(src)} of {train_pairs}" if options.samples(train_pairs) else f"{len(src)}"
+    say(f"learning a {kind} {options.model_type} vocabulary of {options.vocab_size} pieces "
+        f"from {whence} training pairs")
+    src_tok, tgt_tok = train_tokenizers(
+        src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
+        tgt_model_type=options.tgt_model_type, tgt_vocab_size=options.tgt_vocab_size,
+        byte_fallback=options.byte_fallback,
+        character_coverage=options.character_coverage)
+    vocab = {}
+    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
+        name = f"{side}.spm.model" if options.separate_vocab else "spm.model"
+        tok.save(work / name)
+        vocab[side] = {"file": name, "size": tok.vocab_size,
+                       "sha256": hashlib.sha256(tok.model_proto).hexdigest()}
+    return vocab
+
+
+def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources: dict,
+           shard_pairs: int, chunk_pairs: int, progress: bool, say) -> dict:
+    """Check the training corpus while sampling it, learn the vocabulary into a fresh `work`;
+    the run's initial state."""
+    from tqdm import tqdm
+
+    say(f"checking {', '.join(str(p) for p in source.files)}")
+    reservoir = PairReservoir(options.vocab_sample or None)
+    with tqdm(desc="checking train", unit=" pairs", unit_scale=True, disable=None if progress else True) as bar:
+        for s, t in source.iter_chunks(chunk_pairs):
+            reservoir.add(s, t)
+            bar.update(len(s))
+    n = reservoir.seen
+    if n == 0:
+        raise UserError(f"the training corpus {source.src} is empty")
+    src, tgt = reservoir.pairs()
+    del reservoir
+    dropped = empty_pairs(src, tgt) | nul_pairs(src, tgt)  # what cleaning drops: never learned from
+    src = [s for s, d in zip(src, dropped) if not d]
+    tgt = [t for t, d in zip(tgt, dropped) if not d]
+    if not src:
+        raise UserError(f"every training pair has an empty side or a NUL byte ({n} pairs)")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    vocab = _learn_vocab(work, src, tgt, options, n, say)
+    state = {"fingerprint": _fingerprint(options, sources, n), "train_pairs": n,
+             "shard_pairs": shard_pairs, "vocab": vocab, "shards": []}
+    save_progress(work, state)
+    return state
+
+
+def _encode_train(work: Path, state: dict, source: ParallelSource, toks: dict, options: PrepareOptions,
+                  chunk_pairs: int, workers: int, progress: bool) -> None:
+    """Encode, clean and write the training shards not yet in `state`, recording each."""
+    from tqdm import tqdm
+
+    n, shard_pairs, done = state["train_pairs"], state["shard_pairs"], len(state["shards"])
+    chunk = math.gcd(shard_pairs, chunk_pairs)  # chunks never straddle shards
+    chunks = source.iter_chunks(chunk)
+    for _ in range(done * shard_pairs // chunk):  # what finished shards hold: read past it
+        next(chunks)
+    dtypes = token_dtype(toks["src"].vocab_size), token_dtype(toks["tgt"].vocab_size)
+    kept: list[EncodedChunk] = []
+    counts = dict.fromkeys(FILTERS, 0)
+    in_shard = 0
+    with ChunkEncoder(toks["src"], toks["tgt"], workers if n - done * shard_pairs > chunk else 0) as encoder, \
+            tqdm(total=n, initial=done * shard_pairs, desc="encoding train", unit=" pairs", unit_scale=True,
+                 disable=None if progress else True) as bar:
+        for enc in encoder.map(chunks):
+            good, c = clean(enc, options.max_len, options.max_ratio)
+            kept.append(good)
+            counts = {k: counts[k] + c[k] for k in counts}
+            in_shard += len(enc)
+            bar.update(len(enc))
+            k = len(state["shards"])
+            if in_shard == shard_pairs or k * shard_pairs + in_shard == n:
+                entry = write_shard(work, "train", k, EncodedChunk.concatenate(kept, *dtypes))
+                entry["input_pairs"] = [k * shard_pairs, k * shard_pairs + in_shard]
+                entry["filtered"] = counts
+                state["shards"].append(entry)
+                save_progress(work, state)
+                kept, in_shard = [], 0
+                counts = dict.fromkeys(counts, 0)
+    if len(state["shards"]) != math.ceil(n / shard_pairs) or in_shard:
+        raise UserError(f"{source.src} changed while it was being read; run aiayn prepare again")
+
+
+def _train_entry(state: dict, sources: dict, options: PrepareOptions) -> dict:
+    shards = state["shards"]
+    pairs = sum(s["pairs"] for s in shards)
+    if pairs == 0:
+        raise UserError("every training pair was filtered out; check --max-len and --max-ratio")
+    filtered = {k: sum(s["filtered"].get(k, 0) for s in shards) for k in FILTERS}
+    info = {"pairs": pairs, "input_pairs": state["train_pairs"], "filtered": filtered, "raw_text": False,
+            **sources["train"]}
+    for side in SIDES:
+        info[f"{side}_tokens"] = sum(s[f"{side}_tokens"] for s in shards)
+        info[f"max_{side}_len"] = max(s[f"max_{side}_len"] for s in shards)
+    info["vocab_sample"] = options.vocab_sample if options.samples(state["train_pairs"]) else None
+    return {**info, "shards": shards}
+
+
+def _write_held_split(work: Path, name: str, raw: tuple[list[str], list[str]], toks: dict,
+                      source: dict) -> dict:
+    """A dev or test split: every line encoded, in order, one shard, plus the raw lines."""
+    enc = encode_chunk(toks["src"], toks["tgt"], *raw, num_threads=min(8, os.cpu_count() or 1))
+    shard = write_shard(work, name, 0, enc)
+    for side, lines in zip(SIDES, raw):
+        with atomic_write(work / text_file(name, side), "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    info = {k: v for k, v in shard.items() if k != "files"}
+    return {**info, "input_pairs": len(raw[0]), "filtered": None, "raw_text": True, **source,
+            "shards": [shard]}
 
 
 def prepare_dataset(
@@ -203,9 +327,16 @@ def prepare_dataset(
     options: PrepareOptions,
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
+    *,
+    workers: int | None = None,
+    shard_pairs: int = SHARD_PAIRS,
+    chunk_pairs: int = CHUNK_PAIRS,
+    progress: bool = True,
 ) -> PrepareResult:
     """Build a dataset directory from raw corpora; `splits` must include "train" (the only split
-    that is cleaned and that the vocabulary is learned from). Up-to-date outputs are reused."""
+    that is cleaned and that the vocabulary is learned from). Up-to-date outputs are reused; an
+    interrupted run of the same inputs and options resumes. `workers` encoding processes (default:
+    one per CPU core)."""
     t0 = time.perf_counter()
     say = log or (lambda msg: None)
     out = Path(out_dir)
@@ -215,137 +346,89 @@ def prepare_dataset(
     for name in splits:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise UserError(f"split name {name!r} should be letters, digits, '_' or '-'")
+    if shard_pairs < 1 or chunk_pairs < 1:
+        raise UserError("shard and chunk sizes must be >= 1")
 
     sources = _describe_sources(splits)
-    fingerprint = _fingerprint(options, sources)
-    existing = _check_out_dir(out, fingerprint, overwrite)
-    if existing is not None:
-        return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
+    existing = _check_out_dir(out, options, sources, overwrite)
+    if existing is None:
+        with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
+            # again, now that no other prepare can change it
+            existing = _check_out_dir(out, options, sources, overwrite)
+            if existing is None:
+                manifest, resumed = _build(out, splits, options, sources, say, workers=workers,
+                                           shard_pairs=shard_pairs, chunk_pairs=chunk_pairs,
+                                           progress=progress)
+                return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0,
+                                     resumed_shards=resumed)
+    return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
 
-    # Read and check every input before anything is written.
-    texts: dict[str, tuple[list[str], list[str]]] = {}
+
+def _build(out: Path, splits: Mapping[str, ParallelSource], options: PrepareOptions, sources: dict,
+           say, *, workers: int | None, shard_pairs: int, chunk_pairs: int, progress: bool) -> tuple[dict, int]:
+    """Build (or resume) the dataset in its work directory and put it at `out`; (its manifest, the
+    training shards kept from an interrupted run). The caller holds `out`'s lock."""
+    held = {}  # dev and test: small, read (and checked) whole
     for name, source in splits.items():
-        say(f"reading {name}: {', '.join(str(p) for p in source.files)}")
-        texts[name] = source.read()
-    if not texts["train"][0]:
-        raise UserError(f"the training corpus {splits['train'].src} is empty")
-
-    with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
-        # again, now that no other prepare can change it
-        existing = _check_out_dir(out, fingerprint, overwrite)
-        if existing is not None:
-            return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
-        built: list[dict] = []
-        write_dir_atomically(out, lambda tmp: built.append(
-            _build(tmp, texts, options, sources, fingerprint, say)))
-    return PrepareResult(out, built[0], up_to_date=False, seconds=time.perf_counter() - t0)
-
-
-def _learn_vocab(
-    tmp: Path, src: list[str], tgt: list[str], options: PrepareOptions, say
-) -> tuple[dict, dict]:
-    """Train the tokenizer(s) on training text (§5.1), save them in `tmp`; (tokenizers, manifest
-    entry) keyed by side."""
-    kind = "separate" if options.separate_vocab else "shared"
-    say(f"learning a {kind} {options.model_type} vocabulary of {options.vocab_size} pieces "
-        f"from {len(src)} training pairs")
-    src_tok, tgt_tok = train_tokenizers(
-        src, tgt, options.vocab_size, options.model_type, separate=options.separate_vocab,
-        tgt_model_type=options.tgt_model_type, tgt_vocab_size=options.tgt_vocab_size,
-        byte_fallback=options.byte_fallback, character_coverage=options.character_coverage,
-    )
-    toks = {"src": src_tok, "tgt": tgt_tok}
-    vocab = {}
-    for side in SIDES:
-        name = f"{side}.spm.model" if options.separate_vocab else "spm.model"
-        if not (tmp / name).exists():
-            toks[side].save(tmp / name)
-        vocab[side] = {"file": name, "size": toks[side].vocab_size,
-                       "sha256": hashlib.sha256(toks[side].model_proto).hexdigest()}
-    return toks, vocab
+        if name != "train":
+            say(f"reading {name}: {', '.join(str(p) for p in source.files)}")
+            held[name] = source.read()
+            n = int(nul_pairs(*held[name]).sum())
+            if n:
+                say(f"warning: {name}: {n} pair(s) hold NUL bytes (kept: dev and test sets are never filtered)")
+    work = work_dir(out)
+    state = _resumable(work, options, sources)
+    resumed = len(state["shards"]) if state else 0
+    try:
+        if state is None:
+            state = _start(work, splits["train"], options, sources, shard_pairs, chunk_pairs, progress, say)
+        else:
+            say(f"resuming {work}: the vocabulary and {resumed} training shard(s) are done")
+        toks = {side: Tokenizer.load(work / v["file"]) for side, v in state["vocab"].items()}
+        if toks["tgt"] == toks["src"]:
+            toks["tgt"] = toks["src"]
+        workers = (os.cpu_count() or 1) if workers is None else workers
+        say(f"encoding {state['train_pairs']} training pairs in shards of {state['shard_pairs']} "
+            f"over {workers} worker process(es)")
+        _encode_train(work, state, splits["train"], toks, options, chunk_pairs, workers, progress)
+        split_info = {"train": _train_entry(state, sources, options)}
+        for name, raw in held.items():
+            split_info[name] = _write_held_split(work, name, raw, toks, sources[name])
+        manifest = _manifest(state, options, split_info)
+        with atomic_write(work / "manifest.json", "w") as f:
+            json.dump(manifest, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        (work / PROGRESS_FILE).unlink()
+        publish_dir(work, out)
+    except OutputError:
+        raise  # an I/O failure (disk full): the finished shards are worth resuming
+    except UserError:
+        shutil.rmtree(work, ignore_errors=True)  # bad inputs or options: nothing worth resuming
+        raise
+    return manifest, resumed
 
 
-def _filter_train(enc: dict, options: PrepareOptions) -> tuple[dict, dict]:
-    """Drop training pairs too long or too lopsided in subword tokens; (kept encodings, counts),
-    each pair counted under its first reason."""
-    too_long, bad_ratio = length_filters(enc["src"][1], enc["tgt"][1], options.max_len, options.max_ratio)
-    bad_ratio &= ~too_long
-    keep = ~(too_long | bad_ratio)
-    if not keep.any():
-        raise UserError("every training pair was filtered out; check --max-len and --max-ratio")
-    kept = {side: select(*enc[side], keep) for side in SIDES}
-    return kept, {"too_long": int(too_long.sum()), "length_ratio": int(bad_ratio.sum())}
-
-
-def _write_split(tmp: Path, name: str, enc: dict, raw: tuple[list[str], list[str]] | None) -> dict:
-    """Write one split's ids and offsets (and raw lines for dev/test); its token statistics."""
-    info = {}
-    for side in SIDES:
-        flat, lengths = enc[side]
-        _save_array(tmp / ids_file(name, side), flat)
-        _save_array(tmp / idx_file(name, side), offsets_of(lengths))
-        info[f"{side}_tokens"] = int(lengths.sum())
-        info[f"max_{side}_len"] = int(lengths.max(initial=0))
-    if raw is not None:
-        for side, lines in zip(SIDES, raw):
-            _write_lines(tmp / text_file(name, side), lines)
-    return info
-
-
-def _build(tmp: Path, texts: dict, options: PrepareOptions, sources: dict, fingerprint: str, say) -> dict:
+def _manifest(state: dict, options: PrepareOptions, split_info: dict) -> dict:
     import sentencepiece
 
     from aiayn import __version__
 
-    train_src, train_tgt = texts["train"]
-    empty = empty_pairs(train_src, train_tgt)
-    nul = nul_pairs(train_src, train_tgt) & ~empty  # binary junk, or text of another encoding
-    dropped = empty | nul
-    kept_src = [s for s, e in zip(train_src, dropped) if not e]
-    kept_tgt = [t for t, e in zip(train_tgt, dropped) if not e]
-    if not kept_src:
-        raise UserError(f"every training pair has an empty side or a NUL byte ({len(train_src)} pairs)")
-    for name, (src, tgt) in texts.items():
-        n = int(nul_pairs(src, tgt).sum()) if name != "train" else 0
-        if n:
-            say(f"warning: {name}: {n} pair(s) hold NUL bytes (kept: dev and test sets are never filtered)")
-    toks, vocab = _learn_vocab(tmp, kept_src, kept_tgt, options, say)
-
-    split_info: dict[str, dict] = {}
-    for name, raw in texts.items():
-        is_train = name == "train"
-        lines = (kept_src, kept_tgt) if is_train else raw
-        enc = {side: encode_lines(toks[side], side_lines, token_dtype(toks[side].vocab_size),
-                                  progress=f"encoding {name}.{side}")
-               for side, side_lines in zip(SIDES, lines)}
-        filtered = None
-        if is_train:
-            enc, counts = _filter_train(enc, options)
-            filtered = {"empty": int(empty.sum()), "nul": int(nul.sum()), **counts}
-        split_info[name] = {
-            "pairs": len(enc["src"][1]), "input_pairs": len(raw[0]), "filtered": filtered,
-            "raw_text": not is_train, **sources[name],
-            **_write_split(tmp, name, enc, None if is_train else raw),
-        }
-
-    manifest = {
+    return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
-        "fingerprint": fingerprint,
+        "fingerprint": state["fingerprint"],
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "src_lang": options.src_lang,
         "tgt_lang": options.tgt_lang,
         "shared_vocab": not options.separate_vocab,
-        "vocab": vocab,
-        "options": options.__dict__,
+        "vocab": state["vocab"],
+        # an unset target size is left out, so datasets made before the option keep their key
+        "options": {k: v for k, v in options.__dict__.items()
+                    if not (k == "tgt_vocab_size" and v is None)},
         "splits": split_info,
         "software": {"aiayn": __version__, "sentencepiece": sentencepiece.__version__,
                      "numpy": np.__version__},
     }
-    with atomic_write(tmp / "manifest.json", "w") as f:
-        json.dump(manifest, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    return manifest
 
 
 def format_summary(result: PrepareResult) -> str:
@@ -354,7 +437,8 @@ def format_summary(result: PrepareResult) -> str:
     if result.up_to_date:
         head = f"{result.out_dir} is up to date (same inputs and options); nothing to do"
     else:
-        head = f"prepared {result.out_dir} in {result.seconds:.1f}s"
+        resumed = f", resuming {result.resumed_shards} finished shard(s)" if result.resumed_shards else ""
+        head = f"prepared {result.out_dir} in {result.seconds:.1f}s{resumed}"
     v = m["vocab"]
     if m["shared_vocab"]:
         vocab = (f"shared {m['options']['model_type']} vocabulary of {v['src']['size']} pieces "
@@ -363,9 +447,14 @@ def format_summary(result: PrepareResult) -> str:
         o = m["options"]
         vocab = (f"separate vocabularies: {m['src_lang']} {o['model_type']} {v['src']['size']}, "
                  f"{m['tgt_lang']} {o.get('tgt_model_type') or o['model_type']} {v['tgt']['size']} pieces")
+    sample = m["splits"]["train"].get("vocab_sample")
+    if sample:
+        vocab += f", learned from a sample of {sample} training pairs"
     lines = [head, f"  {m['src_lang']}->{m['tgt_lang']}, {vocab}"]
     for name, s in m["splits"].items():
         line = f"  {name}: {s['pairs']} pairs, {s['src_tokens']} src / {s['tgt_tokens']} tgt tokens"
+        if len(s.get("shards", ())) > 1:
+            line += f" in {len(s['shards'])} shards"
         if s["filtered"] is not None:
             f = s["filtered"]
             line += (f"; filtered {s['input_pairs'] - s['pairs']} of {s['input_pairs']} (empty {f['empty']},"
