@@ -201,12 +201,12 @@ class Batcher:
             return
         seconds = time.perf_counter() - start
         self._last_end, self._last_jobs = time.monotonic(), len(jobs)
+        if self.on_batch is not None:  # before the answers: metrics read after one must count it
+            self.on_batch(BatchStats(len(sources), len(jobs), seconds))
         at = 0
         for job in jobs:
             job.future.set_result(results[at: at + len(job.sources)])
             at += len(job.sources)
-        if self.on_batch is not None:
-            self.on_batch(BatchStats(len(sources), len(jobs), seconds))
 
     def _run(self) -> None:
         while True:
