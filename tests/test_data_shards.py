@@ -110,6 +110,36 @@ def test_an_interrupted_prepare_resumes_where_it_stopped(raw, tmp_path, monkeypa
     assert not work_dir(out).exists() and not (out / shards_module.PROGRESS_FILE).exists()
 
 
+@pytest.mark.parametrize("shard_pairs", [40, 1_000_000])  # the corpus in 5 shards, or in one short one
+def test_a_prepare_killed_after_its_last_shard_resumes(raw, tmp_path, monkeypatch, shard_pairs):
+    ref = prepare_dataset(tmp_path / "ref", splits(raw["dir"]), options(), workers=0,
+                          shard_pairs=shard_pairs, progress=False)
+    out = tmp_path / "ds"
+    real_held = prepare_module._write_held_split
+
+    def die(*a, **k):
+        raise KeyboardInterrupt  # killed while writing the dev set, every training shard done
+
+    monkeypatch.setattr(prepare_module, "_write_held_split", die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(out, splits(raw["dir"]), options(), workers=0, shard_pairs=shard_pairs, progress=False)
+    monkeypatch.setattr(prepare_module, "_write_held_split", real_held)
+    again = prepare_dataset(out, splits(raw["dir"]), options(), workers=0, shard_pairs=shard_pairs,
+                            progress=False)
+    assert again.resumed_shards == len(ref.manifest["splits"]["train"]["shards"])
+    assert shard_hashes(out) == shard_hashes(tmp_path / "ref")
+    assert again.manifest["splits"] == ref.manifest["splits"]
+
+
+def test_an_up_to_date_prepare_clears_a_killed_prepares_lock_file(raw, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(out, splits(raw["dir"]), options(), workers=0, progress=False)
+    lock = tmp_path / ".ds.lock"
+    lock.write_text("999999999 aiayn prepare\n")  # left by a holder killed after publishing
+    assert prepare_dataset(out, splits(raw["dir"]), options(), workers=0, progress=False).up_to_date
+    assert not lock.exists()
+
+
 def test_bad_inputs_leave_no_work_directory(raw, tmp_path):
     out = tmp_path / "ds"
     with pytest.raises(Exception, match="too large for this corpus"):

@@ -265,8 +265,10 @@ def _encode_train(work: Path, state: dict, source: ParallelSource, toks: dict, o
     n, shard_pairs, done = state["train_pairs"], state["shard_pairs"], len(state["shards"])
     chunk = math.gcd(shard_pairs, chunk_pairs)  # chunks never straddle shards
     chunks = source.iter_chunks(chunk)
-    for _ in range(done * shard_pairs // chunk):  # what finished shards hold: read past it
-        next(chunks)
+    # read past what the finished shards hold (the last shard may be short: all of them may be done)
+    for _ in range(math.ceil(min(done * shard_pairs, n) / chunk)):
+        if next(chunks, None) is None:
+            raise UserError(f"{source.src} changed while it was being read; run aiayn prepare again")
     dtypes = token_dtype(toks["src"].vocab_size), token_dtype(toks["tgt"].vocab_size)
     kept: list[EncodedChunk] = []
     counts = dict.fromkeys(FILTERS, 0)
@@ -350,17 +352,16 @@ def prepare_dataset(
         raise UserError("shard and chunk sizes must be >= 1")
 
     sources = _describe_sources(splits)
-    existing = _check_out_dir(out, options, sources, overwrite)
-    if existing is None:
-        with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
-            # again, now that no other prepare can change it
-            existing = _check_out_dir(out, options, sources, overwrite)
-            if existing is None:
-                manifest, resumed = _build(out, splits, options, sources, say, workers=workers,
-                                           shard_pairs=shard_pairs, chunk_pairs=chunk_pairs,
-                                           progress=progress)
-                return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0,
-                                     resumed_shards=resumed)
+    # The lock even when the output turns out up to date: taking it is what clears the lock file and
+    # temporaries a killed earlier prepare left, and no other prepare changes `out` while we look.
+    with exclusive_lock(out, "aiayn prepare", "wait for it to finish, or choose another --out"):
+        existing = _check_out_dir(out, options, sources, overwrite)
+        if existing is None:
+            manifest, resumed = _build(out, splits, options, sources, say, workers=workers,
+                                       shard_pairs=shard_pairs, chunk_pairs=chunk_pairs,
+                                       progress=progress)
+            return PrepareResult(out, manifest, up_to_date=False, seconds=time.perf_counter() - t0,
+                                 resumed_shards=resumed)
     return PrepareResult(out, existing, up_to_date=True, seconds=time.perf_counter() - t0)
 
 
