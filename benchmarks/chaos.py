@@ -91,7 +91,8 @@ def temporaries(*dirs: Path) -> list[Path]:
     found = []
     for d in dirs:
         if d.is_dir():
-            found += [p for p in d.iterdir() if is_temporary(p.name) or p.name.endswith(".tmp")]
+            # .NAME.partial: prepare's resumable work directory, a temporary as far as a kill goes
+            found += [p for p in d.iterdir() if is_temporary(p.name) or p.name.endswith((".tmp", ".partial"))]
     return found
 
 
@@ -409,6 +410,8 @@ def commit() -> str:
                        text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
+    if r.returncode != 0:
+        return "unknown (not a git checkout)"
     return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
