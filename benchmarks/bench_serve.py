@@ -11,7 +11,7 @@ answer is compared with `aiayn translate` on the same sentences (same model, sam
         --sentences runs/m30k/data/test.src.txt --clients 1 8 32 64 --per-client 16
 
 Loopback only: the server binds 127.0.0.1 and the clients connect there. Run it alone on the
-machine (`flock /tmp/aiayn-heavy.lock ...`): the clients share the CPU with the server.
+machine: the clients share the CPU with the server.
 """
 
 from __future__ import annotations

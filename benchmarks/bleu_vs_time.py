@@ -3,8 +3,8 @@ scored, the runs drawn on one plot, and how soon the first run reaches the last 
 Also, with --align, the alignment picture: one sentence's attention weights of two models side by
 side (the RNN's additive attention, the Transformer's cross-attention averaged over heads).
 
-    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/bleu_vs_time.py \\
-        --data /work/data/m30k-en-de --run Transformer=RUN_A --run RNN=RUN_B \\
+    .venv/bin/python benchmarks/bleu_vs_time.py \\
+        --data runs/multi30k-en-de/data --run Transformer=RUN_A --run RNN=RUN_B \\
         --out docs/rnn-vs-transformer
     .venv/bin/python benchmarks/bleu_vs_time.py --data DATA --out docs/x \\
         --align RNN=MODEL_DIR --align Transformer=MODEL_DIR --sentence 3

@@ -15,7 +15,7 @@ starts writing its output (the moment a temporary appears), then checks:
 
 Prints a tally per command and exits 1 if any trial failed. The documented run (docs/reliability.md):
 
-    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/chaos.py --trials 50
+    .venv/bin/python benchmarks/chaos.py --trials 50
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and maximum path lengths from each kind's connectivity (complexity_paths.py); lo
 beside Table 1's orders; where the curves cross. Writes docs/complexity.md, docs/complexity.png
 and the raw figures to benchmarks/results/complexity.json.
 
-    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/complexity.py          # ~5 minutes
+    .venv/bin/python benchmarks/complexity.py          # ~5 minutes
     .venv/bin/python benchmarks/complexity.py --report-only    # redraw from the saved JSON
 
 Each layer runs on one sequence (batch 1 by default), fp32, every core torch uses, with the memory

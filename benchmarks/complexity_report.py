@@ -97,7 +97,7 @@ def markdown(result: dict, png_name: str) -> str:
         "",
         "Reproduce (about five minutes, under the shared lock):",
         "",
-        "    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/complexity.py",
+        "    .venv/bin/python benchmarks/complexity.py",
         "",
         f"![time, FLOPs and path length against n]({png_name})",
         "",

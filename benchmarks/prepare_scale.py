@@ -17,7 +17,7 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
   as varied as WMT's, which resampled Multi30k is not.
 Prints a table and writes JSON; deletes the corpora and datasets at the end unless `--keep`.
 
-    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/prepare_scale.py
+    .venv/bin/python benchmarks/prepare_scale.py
     .venv/bin/python benchmarks/prepare_scale.py --sizes 20000 50000 --peer-sizes 20000  # a quick look
 
 Resampled Multi30k repeats 29,000 distinct pairs: the vocabulary stage learns from a sample whose
@@ -231,7 +231,8 @@ def peer_tree(ref: str, into: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default="/work/data/prepare-scale", help="where corpora and datasets go")
+    ap.add_argument("--root", default=str(ROOT.parent / "aiayn-prepare-scale"),
+                    help="where corpora and datasets go, outside the repository (default: beside it)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[300_000, 3_000_000, 10_000_000])
     ap.add_argument("--peer-sizes", type=int, nargs="*", default=[300_000, 3_000_000])
     ap.add_argument("--peer-ref", default="main", help="git revision of the peer (default main)")

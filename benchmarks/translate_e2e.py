@@ -1,7 +1,7 @@
 """End to end, as a user runs it: `aiayn translate` of a test file against CTranslate2 from Python
 on the same model, imports and model loading included; wall time, peak RSS and sacreBLEU.
 
-    flock /tmp/aiayn-heavy.lock .venv/bin/python benchmarks/translate_e2e.py \\
+    .venv/bin/python benchmarks/translate_e2e.py \\
         --model runs/m30k/model --src data/test.src.txt --ref data/test.tgt.txt --out runs/e2e
 
 Every row is a fresh process pinned with `taskset` to the same cores with the same thread count

@@ -4,7 +4,7 @@
 # (the rate's cooldown makes each a whole schedule), then its final dev NLL and greedy BLEU on the
 # first 300 val sentences are printed. The test set is never read.
 #
-#   flock /tmp/aiayn-heavy.lock bash scripts/rnn_multi30k_tune.sh /work/data/m30k-en-de runs/rnn-tune
+#   bash scripts/rnn_multi30k_tune.sh runs/multi30k-en-de/data runs/rnn-tune
 #   GRID=$'rnn_hidden=512\nlr_scale=2' MINUTES=8 bash scripts/rnn_multi30k_tune.sh DATA OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
