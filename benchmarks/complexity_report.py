@@ -95,7 +95,7 @@ def markdown(result: dict, png_name: str) -> str:
         f"Machine: {result['machine']}. Measured {result['date']}"
         + (f" at commit {result['commit']}." if result.get("commit") else "."),
         "",
-        "Reproduce (about five minutes, under the shared lock):",
+        "Reproduce (about five minutes; run it alone, nothing else on the machine):",
         "",
         "    .venv/bin/python benchmarks/complexity.py",
         "",

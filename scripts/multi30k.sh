@@ -7,15 +7,19 @@
 #   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
 #   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (docs/experiments/)
 #
-# DATA holds train/val/test_2016_flickr .{en,de}(.gz) files; `aiayn download multi30k --out DIR`
-# fetches them. Settings come from the `multi30k-v3` preset (chosen on val, see
+# DATA holds train/val/test_2016_flickr .{en,de}(.gz) files (default data/multi30k, fetched there
+# by `aiayn download multi30k` when missing). Settings come from the `multi30k-v3` preset (chosen on val, see
 # docs/experiments/multi30k.md); TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train`
 # and `aiayn translate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}
-DATA=${DATA:-../shared/data/multi30k}
+if [ -z "${DATA:-}" ]; then  # data/multi30k, fetched there on first use (or a shared copy beside the repo)
+  DATA=data/multi30k
+  [ -e "$DATA" ] || [ ! -d ../shared/data/multi30k ] || DATA=../shared/data/multi30k
+  [ -e "$DATA" ] || .venv/bin/aiayn download multi30k --out "$DATA"
+fi
 OUT=${OUT:-runs/multi30k-$SRC-$TGT}
 PRESET=${PRESET:-multi30k-v3}
 A=.venv/bin/aiayn

@@ -55,7 +55,10 @@ def test_read_study_formats(tmp_path):
     jsonl = tmp_path / "t3.jsonl"
     jsonl.write_text('{"name": "base", "params": 65000000, "ppl": 4.92, "bleu": 25.8}\n'
                      '{"name": "A1", "params": 6.5e7, "ppl": 5.29}\n')
-    for path in (csv, tsv, jsonl):
+    study = tmp_path / "results.csv"  # the columns `aiayn study table3` writes
+    study.write_text("name,row,seed,params,dev_ppl,dev_bleu,tok_s\nbase,base,1,65000000,4.92,25.8,900\n"
+                     "A1,A1,1,6.5e7,5.29,,880\n")
+    for path in (csv, tsv, jsonl, study):
         rows = read_study(path)
         got = [(r.name, r.params, r.ppl) for r in rows]
         assert got == [("base", 65e6, 4.92), ("A1", 65e6, 5.29)]

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="multi30k: comma-separated languages (default en,de,fr)")
     p.add_argument("--pair", choices=["en-de", "en-fr"], default="en-de",
                    help="wmt14: the language pair (default en-de: 4.5M pairs, 1.7 GB of archives; "
-                        "en-fr: 41M pairs, 6.6 GB)")
+                        "en-fr: 41M pairs, 6.7 GB)")
     p.add_argument("--base-url", default=None,
                    help="fetch every file from this URL prefix (a mirror, or file:///path) instead")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

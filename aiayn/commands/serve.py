@@ -5,7 +5,7 @@
          -d '{"q": "A man is riding a bike."}'
 
 Binds 127.0.0.1 unless `--host` says otherwise; `--port 0` takes a free port. When it is
-listening, one line on stderr gives the address: `aiayn serve: listening on http://HOST:PORT/`.
+listening, one line on stderr gives the address: `aiayn serve: SRC -> TGT from DIR; listening on http://HOST:PORT/ (Ctrl-C stops)`.
 Translations are those of `aiayn translate` with the same model and search settings.
 API key (optional): `--api-key-file FILE` (its first line), or the environment variable
 AIAYN_API_KEY; clients send it as `X-API-Key: KEY` or `Authorization: Bearer KEY`.

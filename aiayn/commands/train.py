@@ -40,8 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per side in one micro-batch (memory); default max_tokens / (accum x processes)")
     g.add_argument("--precision", default="auto", choices=list(PRECISIONS),
                    help="auto: bf16 autocast on a GPU and on a CPU with native bf16, else fp32; "
-                        "fp16 (loss scaling) needs a GPU; bf16-weights (not the default): a bf16 "
-                        "working copy of the model with float32 master weights, faster on CPU")
+                        "fp32: the paper's arithmetic; fp16 (loss scaling) needs a GPU")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (faster after about a minute of compiling)")
     g.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")

@@ -49,9 +49,9 @@ class Engine:
         meta = loaded.meta or {}
         self.src_lang, self.tgt_lang = meta.get("src_lang"), meta.get("tgt_lang")
 
-    # Alignment and attention need the decoder's cross-attention weights for the output that
-    # beam search chose; the decoding API does not return them yet, so a request for them is
-    # refused (501) and the page draws no heatmap. A subclass that returns them switches both on.
+    # Alignment and attention need the cross-attention weights of the output beam search chose
+    # (`Translator.align` has them); this engine does not ask for them yet, so a request for them
+    # is refused (501) and the page draws no heatmap. A subclass that returns them switches both on.
     supports_alignment = False
 
     def attention(self, source: Sequence[int], hyp: Hypothesis) -> Attention:

@@ -129,8 +129,9 @@ def read_study(path: str | os.PathLike) -> list[StudyRow]:
     for n, r in enumerate(records, start=1):
         if not isinstance(r, dict) or "name" not in r or "params" not in r:
             raise UserError(f"{p}: row {n} lacks a name or params column")
-        rows.append(StudyRow(str(r["name"]), _number(r["params"]), _number(r.get("ppl")),
-                             _number(r.get("bleu"))))
+        # `aiayn study table3` writes its results.csv with dev_ppl / dev_bleu columns
+        rows.append(StudyRow(str(r["name"]), _number(r["params"]), _number(r.get("ppl", r.get("dev_ppl"))),
+                             _number(r.get("bleu", r.get("dev_bleu")))))
     if not rows:
         raise UserError(f"{p}: no rows")
     return rows
