@@ -36,18 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aiayn.io import atomic_write  # noqa: E402
+from provenance import cpu_names  # noqa: E402
 
 
 def machine() -> str:
     """The CPU's model name and core count, for the report."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = (cpu_names() or [platform.processor() or platform.machine()])[0]
     return f"{name}, {os.cpu_count()} cores"
 
 

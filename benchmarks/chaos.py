@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from aiayn.io import is_temporary  # noqa: E402
+from provenance import commit, cpu_names  # noqa: E402
 from training_fixtures import SMALL, pair  # noqa: E402
 
 COMMANDS = ("train", "prepare", "average", "translate")
@@ -397,22 +398,8 @@ def format_tallies(tallies: dict[str, Tally]) -> str:
 
 
 def machine() -> str:
-    try:
-        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                 if line.startswith("model name")]
-        return f"{names[0]} ({len(names)} cores)"
-    except (OSError, IndexError):
-        return "an unknown machine"
-
-
-def commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                       text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()
-    if r.returncode != 0:
-        return "unknown (not a git checkout)"
-    return r.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    names = cpu_names()
+    return f"{names[0]} ({len(names)} cores)" if names else "an unknown machine"
 
 
 def main() -> int:

@@ -48,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import complexity_paths as paths  # noqa: E402
+from provenance import commit, cpu_names  # noqa: E402
 from aiayn.config import BASE  # noqa: E402
 from aiayn.io import atomic_write  # noqa: E402
 from aiayn.model.attention import MultiHeadAttention  # noqa: E402
@@ -217,25 +218,8 @@ def measure(args: argparse.Namespace) -> dict:
             "date": time.strftime("%Y-%m-%d"), "commit": commit()}
 
 
-def commit() -> str:
-    """The repository's HEAD, marked when the working tree has changes."""
-    import subprocess
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + (" (with changes)" if git("status", "--porcelain", "-uno") else "")
-
-
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = (cpu_names() or [platform.processor() or platform.machine()])[0]
     from aiayn.memory import allocator_in_use
 
     return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -301,12 +300,9 @@ def main() -> int:
 
 
 def machine() -> str:
-    model = ""
-    try:
-        model = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
-    except (OSError, AttributeError):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    from provenance import cpu_names
+
+    return f"{(cpu_names() or [''])[0]}, {os.cpu_count()} cores"
 
 
 def report(results: dict, peer_ref: str) -> None:
