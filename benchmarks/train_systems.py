@@ -7,6 +7,8 @@ repeats its batch shapes; `--cold` times new shapes); tokens/s is the median ove
 
     .venv-peers/bin/python benchmarks/train_systems.py --system marian --config tiny \\
         --precision bf16 --threads 2 --json
+    python3 benchmarks/train_systems.py --system aiayn --config big --device cuda --precision bf16 \
+        --vocab 37000 --max-tokens 12500 --lengths 10 60 --peak-tflops 989.4 --json   # a GPU
 
 Systems and what was set to bring each close to the paper's model (§3; aiayn is the paper's model
 with bias-free Q/K/V/O projections and no final stack norm; dropout 0.1 on sub-layer outputs and
@@ -30,8 +32,9 @@ embedding sums, none on attention weights or FFN activations, everywhere):
            default); FFN-activation dropout set to 0 on the modules (it reuses -dropout);
            interleaved sinusoids; shared and tied embeddings, but its generator keeps a bias;
            relu; its own Optimizer wrapper around torch Adam.
-Precision: fp32 everywhere, or bf16 autocast (`torch.autocast("cpu", torch.bfloat16)`) around the
-forward pass; the loss is taken in fp32. aiayn's bf16 row is its precision "auto" (bf16 autocast
+Precision: fp32 everywhere, or bf16 autocast (`torch.autocast(device, torch.bfloat16)`) around the
+forward pass; the loss is taken in fp32. `--device cuda` runs aiayn and torch on a GPU (the other
+peers are CPU-only here) and reports peak GPU memory and MFU against `--peak-tflops`. aiayn's bf16 row is its precision "auto" (bf16 autocast
 on a CPU with native bf16).
 aiayn's rows run with aiayn/memory.py's process settings (mimalloc preloaded, freed memory kept in
 the process, torch on transparent huge pages), as every `aiayn` command does; the peers run with
@@ -54,7 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -74,7 +77,7 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import workload  # noqa: E402
-from workload import Batch  # noqa: E402
+from aiayn.data.batching import Batch  # noqa: E402
 
 from aiayn.config import Config  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
@@ -83,6 +86,7 @@ from aiayn.training.schedule import set_lr  # noqa: E402
 EPS_LS = 0.1
 BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
 LR = 1e-4  # constant and small: the step's cost does not depend on it, the weights stay sane
+DEVICE = torch.device("cpu")  # set once by main (--device) before any system is built
 
 
 @dataclass
@@ -106,7 +110,7 @@ AIAYN_PRECISIONS = {"fp32": "fp32", "bf16": "auto"}
 
 def autocast(precision: str):
     if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(DEVICE.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -157,7 +161,7 @@ def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 
     from aiayn.training.schedule import build_optimizer
     from aiayn.training.step import Updater
 
-    env = DistEnv()
+    env = DistEnv(device=DEVICE)
     torch.manual_seed(seed)
     model = Transformer(cfg).to(env.device)
     torch.manual_seed(rank_seed(seed, env.rank))
@@ -222,7 +226,7 @@ class TorchSeq2Seq(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         pad = src == PAD_ID  # (B, S): torch's key_padding_mask means True = ignore
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1))  # (T, T)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=src.device)  # (T, T)
         h = self.transformer(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
                              src_key_padding_mask=pad, memory_key_padding_mask=pad,
                              tgt_is_causal=True)  # (B, T, d)
@@ -231,7 +235,7 @@ class TorchSeq2Seq(nn.Module):
 
 def build_torch(cfg: Config, precision: str, seed: int = 1) -> System:
     torch.manual_seed(seed)
-    model = TorchSeq2Seq(cfg)
+    model = TorchSeq2Seq(cfg).to(DEVICE)
     opt = torch_adam(model)
 
     def logits_of(b: Batch) -> torch.Tensor:
@@ -460,6 +464,13 @@ def measure(system: System, batches: list[Batch], warmup: int, windows: int, per
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
+def gpu_figures(flops_per_s: float, peak_tflops: float | None) -> dict:
+    """The GPU's name, peak memory allocated by torch, and MFU against the dense peak given."""
+    return {"gpu": torch.cuda.get_device_name(),
+            "peak_gpu_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+            "mfu": round(flops_per_s / (peak_tflops * 1e12), 4) if peak_tflops else None}
+
+
 def versions(system: str) -> dict:
     v = {"torch": torch.__version__}
     mod = {"marian": "transformers", "fairseq": "fairseq", "opennmt": "onmt"}.get(system)
@@ -483,13 +494,27 @@ def main() -> int:
     p.add_argument("--compile", action="store_true",
                    help="aiayn only: torch.compile the model as `aiayn train --compile` does "
                         "(give enough --warmup steps to cover compiling)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: aiayn and torch only")
+    p.add_argument("--vocab", type=int, default=workload.VOCAB, help="shared vocabulary (default 8000)")
+    p.add_argument("--max-tokens", type=int, default=workload.MAX_TOKENS,
+                   help="tokens per side and batch, padding counted (default 4000)")
+    p.add_argument("--lengths", type=int, nargs=2, default=(10, 40), metavar=("LO", "HI"),
+                   help="source lengths uniform in [LO, HI] (default 10 40)")
+    p.add_argument("--pairs", type=int, default=3000, help="sentence pairs batched (default 3000)")
+    p.add_argument("--peak-tflops", type=float, help="the device's dense peak, for MFU")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     a = p.parse_args()
+    global DEVICE
+    DEVICE = torch.device(a.device)
+    if a.device == "cuda" and a.system not in ("aiayn", "torch"):
+        p.error("--device cuda is for --system aiayn or torch")
     if a.compile and a.system != "aiayn":
         p.error("--compile is for --system aiayn (the peers run as their users run them)")
     torch.set_num_threads(a.threads)
-    cfg = workload.model_config(a.config)
-    batches = workload.training_batches()
+    cfg = replace(workload.model_config(a.config), vocab_size=a.vocab)
+    batches = [b.to(DEVICE) for b in workload.training_batches(
+        a.pairs, max_tokens=a.max_tokens, lo=a.lengths[0], hi=a.lengths[1], vocab=a.vocab)]
     t0 = time.perf_counter()
     if a.compile:
         system = build_aiayn(cfg, a.precision, compile=True)
@@ -507,6 +532,9 @@ def main() -> int:
            "window_tok_per_s": res["window_tok_per_s"],
            "loss_first": round(res["loss_first"], 4), "loss_last": round(res["loss_last"], 4),
            "params": sum(params.values()), "threads": torch.get_num_threads(),
+           "device": a.device, "vocab": a.vocab, "max_tokens": a.max_tokens,
+           "mean_lengths": [round(x, 1) for x in workload.mean_lengths(batches)],
+           **(gpu_figures(res["tok_per_s"] * fpt, a.peak_tflops) if a.device == "cuda" else {}),
            "build_s": round(build_s, 2), "notes": system.notes, "versions": versions(a.system),
            "python": sys.executable, **system.extra}
     if a.json:

@@ -22,15 +22,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # torch-free at import (decode_systems.py measures CTranslate2's memory without torch loaded)
-from aiayn.config import BASE, Config  # noqa: E402
+from aiayn.config import BASE, BIG, Config  # noqa: E402
 
 VOCAB = 8000  # shared source/target vocabulary, tied embeddings
 FIRST_ID = 4  # ids below are the specials PAD=0, UNK=1, BOS=2, EOS=3 (aiayn/special.py)
 MAX_TOKENS = 4000  # per side and batch, padding counted: ~4000 target tokens per update
 # TINY: d_model 256, 3+3 layers, 4 heads, d_ff 1024 (the size of the multi30k preset); BASE: the
-# paper's base model. Both with dropout 0.1 and one shared, tied 8,000-id vocabulary.
+# paper's base model. Both with dropout 0.1 and one shared, tied 8,000-id vocabulary. BIG: the
+# paper's big model (P_drop 0.3), for GPUs (train_systems.py --device cuda).
 CONFIGS = {"tiny": replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, vocab_size=VOCAB),
-           "base": replace(BASE, vocab_size=VOCAB)}
+           "base": replace(BASE, vocab_size=VOCAB),
+           "big": replace(BIG, vocab_size=VOCAB)}
 
 
 def model_config(name: str) -> Config:
@@ -39,8 +41,8 @@ def model_config(name: str) -> Config:
 
 
 def training_batches(n_pairs: int = 3000, seed: int = 1234, max_tokens: int = MAX_TOKENS,
-                     lo: int = 10, hi: int = 40) -> list:
-    """Deterministic batches: random ids in [4, VOCAB), source lengths uniform in [lo, hi], target
+                     lo: int = 10, hi: int = 40, vocab: int = VOCAB) -> list:
+    """Deterministic batches: random ids in [4, vocab), source lengths uniform in [lo, hi], target
     length the source's +-2 (clipped to [lo, hi]) as translation pairs roughly are, batched by
     aiayn's own sampler and collate (similar lengths together, B * (longest + 1) <= max_tokens on
     both sides: ~3% padding), in a seeded random order so that every timing window mixes lengths."""
@@ -49,7 +51,7 @@ def training_batches(n_pairs: int = 3000, seed: int = 1234, max_tokens: int = MA
     rng = np.random.default_rng(seed)
     src_len = rng.integers(lo, hi + 1, n_pairs)
     tgt_len = np.clip(src_len + rng.integers(-2, 3, n_pairs), lo, hi)
-    pairs = [(rng.integers(FIRST_ID, VOCAB, s), rng.integers(FIRST_ID, VOCAB, t))
+    pairs = [(rng.integers(FIRST_ID, vocab, s), rng.integers(FIRST_ID, vocab, t))
              for s, t in zip(src_len, tgt_len)]
     sampler = TokenBatchSampler(src_len, tgt_len, max_tokens, shuffle=False)
     batches = [collate(pairs, idx) for idx in sampler.epoch_batches()]
