@@ -14,7 +14,7 @@ import torch
 
 from aiayn.decoding import beam_search, greedy_search, length_penalty, source_batch
 from aiayn.decoding.common import next_token_logprobs
-from aiayn.decoding.precision import convert, current, resolve
+from aiayn.decoding.precision import auto_precision, convert, current, resolve
 from aiayn.decoding.translate import Translator
 from aiayn.model import Transformer
 from aiayn.model.build import build_model
@@ -211,8 +211,36 @@ def test_precision_checks_and_activation_levels_per_cpu_kind():
     assert resolve("fp32", "cpu") == "fp32" and resolve("bf16", "meta") == "bf16"
     with pytest.raises(ValueError, match="x86 CPUs only"):
         resolve("int8", "meta")
-    with pytest.raises(ValueError, match="unknown decoding precision 'auto'"):
-        resolve("auto", "cpu")
+    with pytest.raises(ValueError, match="unknown decoding precision 'int4'"):
+        resolve("int4", "cpu")
+
+
+@pytest.mark.parametrize("native_bf16, device, expected", [
+    (True, "cpu", "bf16"),    # AMX / AVX512-BF16
+    (False, "cpu", "fp32"),   # AVX2 only: int8 was not faster end to end there
+    (False, "cuda", "bf16"),
+])
+def test_auto_precision_per_machine_kind(monkeypatch, native_bf16, device, expected):
+    import aiayn.training.precision as training_precision
+
+    monkeypatch.setattr(training_precision, "cpu_has_native_bf16", lambda: native_bf16)
+    assert auto_precision(device) == expected
+    assert resolve("auto", device) == expected
+
+
+def test_auto_translator_and_cli_use_this_machines_choice(model_dir, tmp_path):
+    from training_fixtures import run_cli
+
+    chosen = auto_precision("cpu")
+    auto = Translator(load_model(model_dir), precision="auto")
+    assert auto.precision == chosen and current(auto.model) == chosen
+    lines = ["the cat sat on the mat", "a dog runs"]
+    assert auto.translate(lines) == Translator(load_model(model_dir), precision=chosen).translate(lines)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    r = run_cli("translate", "--model", str(model_dir), "--input", str(src), "--precision", "auto")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:-1] == auto.translate(lines)
 
 
 def test_int8_refuses_the_rnn_model():

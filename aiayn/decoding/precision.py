@@ -9,6 +9,7 @@
   Transformer only (the RNN baseline is refused). Not the paper's arithmetic, so never the
   default: outputs may differ from fp32's where two hypotheses score within the quantization
   error (tests/test_decoding_int8.py states the tolerance).
+- auto: the one of these measured fastest on this kind of machine (`auto_precision`).
 
 Conversion is in place: a model converted once (to bf16 or int8) serves every `Translator` built
 on it afterwards, and cannot go back to fp32 (load it again).
@@ -23,15 +24,35 @@ import torch
 from aiayn.decoding import DECODE_PRECISIONS
 
 
+def auto_precision(device: torch.device | str) -> str:
+    """`auto`: the decoding precision measured fastest end to end on this kind of machine
+    (docs/decoding.md, "--precision auto", has the measurements):
+    - a CPU that multiplies bf16 natively (AMX, AVX512-BF16): bf16, the fastest aiayn row of the
+      peer harness on both such kinds measured (Xeon with AMX, EPYC Zen 4);
+    - a GPU: bf16;
+    - any other CPU: fp32. On the AVX2 EPYC int8 was 1.2-1.4x fp32 in the harness (batches of 50
+      sentences) but not faster translating the Multi30k test set end to end (its default
+      batches of ~1,200 beams, where fp32 products run near the machine's peak), so it is not
+      chosen there."""
+    from aiayn.training.precision import cpu_has_native_bf16
+
+    device = torch.device(device)
+    if device.type == "cuda" or cpu_has_native_bf16():
+        return "bf16"
+    return "fp32"
+
+
 def resolve(precision: str, device: torch.device | str) -> str:
-    """`precision` checked for `device`: ValueError (one line) for an unknown name or for int8
-    where fbgemm's int8 kernels cannot run."""
+    """`precision` checked for `device` ("auto" chosen for it): ValueError (one line) for an
+    unknown name or for int8 where fbgemm's int8 kernels cannot run."""
     from aiayn.model.int8 import int8_supported
 
     device = torch.device(device)
     if precision not in DECODE_PRECISIONS:
         raise ValueError(f"unknown decoding precision {precision!r}; choose from "
                          f"{', '.join(DECODE_PRECISIONS)}")
+    if precision == "auto":
+        return auto_precision(device)
     if precision == "int8":
         if device.type != "cpu":
             raise ValueError(f"int8 decoding runs on x86 CPUs only, not {device.type}; "

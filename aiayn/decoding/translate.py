@@ -151,8 +151,9 @@ class Translator:
         tr.translate_nbest(["A sentence."], 4)    # -> [[(score, text), ...]]
 
     `precision` is the decoding arithmetic (`aiayn.decoding.precision`): "fp32" (the default,
-    the paper's), "bf16" or "int8"; the loaded model is converted in place, once (`loaded.model`
-    becomes the converted model, so translators built on the same `loaded` share it).
+    the paper's), "bf16", "int8", or "auto" (the fastest measured on this kind of machine); the
+    loaded model is converted in place, once (`loaded.model` becomes the converted model, so
+    translators built on the same `loaded` share it).
     `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
     sent to `warn` (default: stderr). Other keyword arguments are `SearchOptions` fields.
     """
