@@ -188,6 +188,47 @@ def test_early_stop_must_stop():
     assert steps == 22
 
 
+def test_current_length_early_stop_is_the_heuristic_worked_out_above():
+    # Key 11, alpha = 1: after step 2 the live [C, A] (raw log .3) ending at the next step would
+    # score log(.3)/lp(3) = -0.903 < log(.7)/lp(2) = -0.306 for the finished [C]: the "current"
+    # rule stops there and returns [C], missing the chain the exact bound waits for (above).
+    (hyps,), steps = run_beam([11], beam_size=2, alpha=1.0, max_len_b=30, early_stop="current")
+    assert summary(hyps) == summary_expected([([C], 0.7, 2)], alpha=1.0)
+    assert steps == 2
+    # with alpha = 0 the two rules are one: the same hypotheses after the same steps
+    for key in (10, 11, 12):
+        exact, exact_steps = run_beam([key], beam_size=2, alpha=0.0, max_len_b=30, nbest=2)
+        current, current_steps = run_beam([key], beam_size=2, alpha=0.0, max_len_b=30, nbest=2,
+                                          early_stop="current")
+        assert summary(current[0]) == summary(exact[0]) and current_steps == exact_steps
+    with pytest.raises(ValueError, match="early_stop"):
+        run_beam([11], beam_size=2, early_stop="sometimes")
+
+
+def test_current_length_early_stop_on_a_real_model_is_a_prefix_of_the_exact_search():
+    # The search is the same until "current" stops a sentence, so its steps are no more, and its
+    # best score is no better than the exact search's (which equals the search run to the end).
+    torch.manual_seed(3)
+    model = Transformer(replace(MICRO, vocab_size=20)).eval()
+    src, mask = source_batch([[(7 * i + j) % 16 + 4 for j in range(3 + i % 5)] for i in range(12)])
+    counts = {}
+
+    def counting(tag):
+        def step(tokens, cache, **kw):
+            counts[tag] = counts.get(tag, 0) + 1
+            return Transformer.decode_step(model, tokens, cache, **kw)
+        return step
+
+    with torch.no_grad():
+        model.decode_step = counting("exact")
+        exact = beam_search(model, src, mask, beam_size=3, alpha=1.5, max_len_b=12)
+        model.decode_step = counting("current")
+        current = beam_search(model, src, mask, beam_size=3, alpha=1.5, max_len_b=12, early_stop="current")
+    assert counts["current"] <= counts["exact"]
+    for e, c in zip(exact, current):
+        assert c[0].score <= e[0].score + 1e-5
+
+
 def test_sentences_finishing_at_different_times_in_one_batch():
     alone = [run_beam([k], beam_size=2, alpha=1.0, max_len_b=30, nbest=1)[0][0] for k in (10, 11, 12)]
     together, steps = run_beam([12, 10, 11], beam_size=2, alpha=1.0, max_len_b=30, nbest=1)

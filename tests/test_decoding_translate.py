@@ -128,6 +128,19 @@ def test_cli_stdin_stdout_nbest(model_dir):
     assert greedy.returncode == 0 and len(greedy.stdout.decode().split("\n")) == 4
 
 
+def test_cli_early_stop_option(model_dir, loaded):
+    text = "the cat sat on the mat\na dog runs\nein hund läuft im park\n"
+    r = _cli("--model", model_dir, "--early-stop", "current", "--alpha", "1.5", stdin=text.encode())
+    assert r.returncode == 0, r.stderr
+    lines = text.splitlines()
+    tr = Translator(loaded, early_stop="current", alpha=1.5)
+    assert r.stdout.decode().split("\n")[:-1] == tr.translate(lines)
+    r = _cli("--model", model_dir, "--early-stop", "never", stdin=text.encode())
+    assert r.returncode == 2 and b"invalid choice" in r.stderr
+    with pytest.raises(ValueError, match="early_stop"):
+        SearchOptions(early_stop="never").validate()
+
+
 def test_cli_user_errors(model_dir, tmp_path):
     r = _cli("--model", tmp_path / "nope", stdin=b"hello\n")
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"nope" in r.stderr

@@ -60,6 +60,11 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-len-b", type=int, metavar="B", help="(config default B=50)")
     s.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="not in the paper: no EOS before output length N, EOS counted (default 0: off)")
+    s.add_argument("--early-stop", choices=["exact", "current"], default="exact",
+                   help="not in the paper: when a sentence's beam search ends. exact (default): "
+                        "when no live beam can still win; current: when none would win by ending "
+                        "at the next step (sooner with alpha > 0, as fairseq and CTranslate2 stop; "
+                        "may miss a longer winner)")
     s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
     s.add_argument("--nbest", type=int, metavar="N",
                    help="write the N best hypotheses per line as index<TAB>score<TAB>text")
@@ -130,7 +135,7 @@ def search_options(args: argparse.Namespace) -> dict:
         raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
     return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
                 max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
-                nbest=args.nbest or 1,
+                nbest=args.nbest or 1, early_stop=args.early_stop,
                 # --batch-size replaces the token budget rather than adding to it
                 batch_tokens=sys.maxsize if args.batch_size else args.batch_tokens,
                 batch_size=args.batch_size)

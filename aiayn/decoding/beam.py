@@ -19,6 +19,11 @@ The search, per sentence, vectorised over sentences and beams (no Python loop ov
    has `nbest` finished hypotheses and best_live_s / lp(L) <= the nbest-th finished score. No live
    hypothesis can then enter the n-best list: stopping early never changes the result (tested).
    With alpha = 0 the bound is the raw score itself, the usual "best live < worst kept" rule.
+   Not in the paper, an option (`early_stop="current"`, `aiayn translate --early-stop current`):
+   the bound at the next length instead, best_live_s / lp(t + 1), the score the best live beam
+   would get by ending now at no cost. It stops sooner with alpha > 0 (with alpha = 0 the two
+   rules are the same), as fairseq and CTranslate2 stop once their beams have finished, and can
+   miss a longer winner the exact bound would have waited for (tested on a worked case).
 4. At the maximum length L (see `common`), the live beams are kept as cut-off hypotheses
    (`complete=False`), ranked below every complete one, so a sentence always gets an answer.
 
@@ -52,6 +57,7 @@ from aiayn.decoding.common import (
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
+EARLY_STOP = (True, False, "exact", "current")  # True is "exact"
 
 
 @dataclass
@@ -127,7 +133,7 @@ def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
 def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_len_a: float | None = None, max_len_b: float | None = None,
-                nbest: int = 1, early_stop: bool = True, min_len: int = 0,
+                nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
                 attention: AttentionRequest | None = None) -> list[list[Hypothesis]]:
     """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
     (B, S) bool, True at real tokens (default `src != PAD`).
@@ -135,7 +141,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     Returns per sentence, in batch order, up to `nbest` hypotheses best first (normally exactly
     `nbest`; fewer only when the model gives probability 0 to almost everything). Settings left
     None come from the model's config (the paper's: k = 4, alpha = 0.6, L = S + 50).
-    `early_stop=False` runs every sentence to its maximum length (for testing: same result).
+    `early_stop=False` runs every sentence to its maximum length (for testing: same result);
+    True or "exact" is the exact bound, "current" the bound at the next length (module doc).
     `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
     (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
     `attention` keeps, for every hypothesis, the cross-attention weights of the steps that made
@@ -153,6 +160,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         raise ValueError(f"nbest must be between 1 and the beam size {k}, got {nbest}")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha}")
+    if early_stop not in EARLY_STOP:
+        raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {early_stop!r}")
     src_mask = resolve_mask(src, src_mask)
     n_sent, device = src.size(0), src.device
     if n_sent == 0:
@@ -243,7 +252,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         done = at_max | ~torch.isfinite(live_raw[:, 0])
         if early_stop:
             enough = pool.complete.sum(dim=1) >= nbest
-            best_possible = live_raw[:, 0] / bound_lp[sent]
+            divisor = length_penalty(t + 1, alpha) if early_stop == "current" else bound_lp[sent]
+            best_possible = live_raw[:, 0] / divisor
             done |= enough & (best_possible <= pool.score[:, nbest - 1])
         if bool(done.any()):
             final.put_rows(sent[done], pool.rows(done))

@@ -50,6 +50,9 @@ class SearchOptions:
     # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes
     # exactly min_len steps: benchmarks use it so that every system does the same work.
     min_len: int = 0
+    # Not in the paper: "exact" (default) stops a sentence only when no live beam can still win;
+    # "current" when none could win by ending at the next step (aiayn/decoding/beam.py)
+    early_stop: str = "exact"
     # Keep the cross-attention weights behind each hypothesis (`Hypothesis.attention`); None: off.
     attention: AttentionRequest | None = None
 
@@ -72,6 +75,8 @@ class SearchOptions:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if self.min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
+        if self.early_stop not in ("exact", "current"):
+            raise ValueError(f"early_stop must be exact or current, got {self.early_stop!r}")
         if self.batch_tokens < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError("batch tokens and batch size must be >= 1")
         return self
@@ -129,7 +134,8 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
                 else:
                     found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
                                         options.max_len_a, options.max_len_b, options.nbest,
-                                        min_len=options.min_len, attention=options.attention)
+                                        early_stop=options.early_stop, min_len=options.min_len,
+                                        attention=options.attention)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
                 bar.update(len(batch))
