@@ -90,8 +90,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                    help="decoding arithmetic: fp32 (default, as trained: the paper's), bf16 "
                         "(weights cast once; scores stay float32), int8 (int8 weights, activations "
                         "quantized per row at run time, as CTranslate2's int8; x86 CPUs with AVX2, "
-                        "Transformer models), auto (the fastest measured end to end on this kind of "
-                        "machine: bf16 on a GPU or a CPU with native bf16, else fp32)")
+                        "Transformer models), auto (the fastest measured on this kind of machine: "
+                        "bf16 on a GPU or a CPU with native bf16, else fp32)")
     b.add_argument("--bf16", action="store_true", help="the same as --precision bf16")
 
 

@@ -25,8 +25,8 @@ from aiayn.decoding import DECODE_PRECISIONS
 
 
 def auto_precision(device: torch.device | str) -> str:
-    """`auto`: the decoding precision measured fastest end to end on this kind of machine
-    (docs/decoding.md, "--precision auto", has the measurements):
+    """`auto`: the decoding precision measured fastest on this kind of machine (docs/decoding.md,
+    "--precision auto", has the measurements):
     - a CPU that multiplies bf16 natively (AMX, AVX512-BF16): bf16, the fastest aiayn row of the
       peer harness on both such kinds measured (Xeon with AMX, EPYC Zen 4);
     - a GPU: bf16;
