@@ -38,6 +38,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from aiayn.io import atomic_write  # noqa: E402
+from provenance import commit, cpu_name  # noqa: E402
 
 PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
 SYSTEMS = ("aiayn", "torch", "marian", "fairseq", "opennmt", "ctranslate2")
@@ -96,18 +97,8 @@ def versions(python: Path) -> dict[str, str]:
     p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=REPO,
                        env=dict(os.environ, PYTHONWARNINGS="ignore"))
     out = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, cwd=REPO).stdout.strip()
-    out["aiayn_commit"] = git.stdout.strip() + ("+changes" if dirty else "")
+    out["aiayn_commit"] = commit()
     return out
-
-
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def cpu_isa() -> str:
@@ -384,7 +375,7 @@ def main() -> int:
     ordered = sorted(rows.values(), key=lambda r: (a.configs.index(r["config"]), order[r["system"]],
                                                    PRECISION_ORDER.index(r["precision"])))
     res = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "machine": {"cpu": cpu_model(), "isa": cpu_isa(), "nproc": os.cpu_count()},
+           "machine": {"cpu": cpu_name(), "isa": cpu_isa(), "nproc": os.cpu_count()},
            "cpus": a.cpus, "threads": a.threads, "quick": a.quick,
            "python": os.path.relpath(py, REPO) if py.startswith(str(REPO)) else py,
            "versions": versions(a.python),

@@ -20,7 +20,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import queue
 import re
 import signal
@@ -36,13 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aiayn.io import atomic_write  # noqa: E402
-from provenance import cpu_names  # noqa: E402
+from provenance import cpu_name  # noqa: E402
 
 
 def machine() -> str:
     """The CPU's model name and core count, for the report."""
-    name = (cpu_names() or [platform.processor() or platform.machine()])[0]
-    return f"{name}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:

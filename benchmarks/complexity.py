@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import complexity_paths as paths  # noqa: E402
-from provenance import commit, cpu_names  # noqa: E402
+from provenance import commit, cpu_name  # noqa: E402
 from aiayn.config import BASE  # noqa: E402
 from aiayn.io import atomic_write  # noqa: E402
 from aiayn.model.attention import MultiHeadAttention  # noqa: E402
@@ -219,7 +219,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def machine() -> str:
-    cpu = (cpu_names() or [platform.processor() or platform.machine()])[0]
+    cpu = cpu_name()
     from aiayn.memory import allocator_in_use
 
     return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "

@@ -300,9 +300,9 @@ def main() -> int:
 
 
 def machine() -> str:
-    from provenance import cpu_names
+    from provenance import cpu_name
 
-    return f"{(cpu_names() or [''])[0]}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def report(results: dict, peer_ref: str) -> None:

@@ -3,6 +3,7 @@ copy for all of benchmarks/; torch-free)."""
 
 from __future__ import annotations
 
+import platform
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,12 @@ def cpu_names() -> list[str]:
     except OSError:
         return []
     return [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (the platform's processor or architecture where /proc has none)."""
+    names = cpu_names()
+    return names[0] if names else (platform.processor() or platform.machine() or "unknown")
 
 
 def commit() -> str:

@@ -36,7 +36,7 @@ CONFIGS = {"tiny": replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4, 
 
 
 def model_config(name: str) -> Config:
-    """TINY or BASE at vocabulary 8000."""
+    """TINY, BASE or BIG at vocabulary 8000."""
     return CONFIGS[name]
 
 
