@@ -7,6 +7,10 @@ import pytest
 import torch
 from training_fixtures import MICRO
 
+from aiayn.model.int8 import int8_supported
+
+needs_int8 = pytest.mark.skipif(not int8_supported(), reason="needs fbgemm on an x86 CPU with AVX2")
+
 TEXTS = [
     "the cat sat on the mat",
     "a dog runs in the park",

@@ -18,13 +18,12 @@ from aiayn.decoding.precision import auto_precision, convert, current, resolve
 from aiayn.decoding.translate import Translator
 from aiayn.model import Transformer
 from aiayn.model.build import build_model
-from aiayn.model.int8 import (Int8Linear, activation_levels, cpu_flags, int8_supported,
-                              quantize_model, quantize_rows)
+from aiayn.model.int8 import Int8Linear, activation_levels, cpu_flags, quantize_model, quantize_rows
 from aiayn.model.io import load_model
 from aiayn.special import BOS_ID, EOS_ID
+from conftest import needs_int8
 from training_fixtures import MICRO
 
-needs_int8 = pytest.mark.skipif(not int8_supported(), reason="needs fbgemm on an x86 CPU with AVX2")
 # 127 activation levels are exact only where fbgemm accumulates in int32 (AVX512-VNNI); on AVX2
 # its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/model/int8.py)
 LEVELS = (63, pytest.param(127, marks=pytest.mark.skipif(

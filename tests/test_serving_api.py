@@ -16,6 +16,7 @@ from aiayn.model.io import load_model
 from aiayn.serving.app import create_app, key_matches
 from aiayn.serving.engine import Engine
 from aiayn.serving.settings import ServeSettings
+from conftest import needs_int8
 from serving_helpers import GatedEngine, wait_until
 
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die katze", "ein hund läuft im park",
@@ -66,6 +67,25 @@ def test_health_info_and_page(loaded):
         assert "connect-src 'self'" in page.headers["content-security-policy"]
         # Self-contained: no address of another host anywhere in the page.
         assert "http://" not in page.text and "https://" not in page.text and "//cdn" not in page.text
+
+
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("int8", marks=needs_int8)])
+def test_precision_and_early_stop_apply_to_every_request(model_dir, precision):
+    """The server's --precision and --early-stop: the translations of a Translator with the same
+    settings, for the default search and for a request's own beam size."""
+    served = load_model(model_dir)  # converted in place: not the module's shared model
+    engine = Engine(served, precision=precision, early_stop="current")
+    ref = Translator(load_model(model_dir), precision=precision, early_stop="current")
+    ref_beam2 = Translator(load_model(model_dir), precision=precision, early_stop="current",
+                           beam_size=2)
+    with TestClient(create_app(engine, ServeSettings(), None)) as client:
+        info = client.get("/info").json()["decoding"]
+        assert (info["precision"], info["early_stop"]) == (precision, "current")
+        got = client.post("/translate", json={"q": LINES}).json()["translatedText"]
+        assert got == ref.translate(LINES)
+        got2 = client.post("/translate", json={"q": LINES, "beam_size": 2}).json()["translatedText"]
+        assert got2 == ref_beam2.translate(LINES)
+    assert engine.translator(2, 0.6).precision == precision
 
 
 def test_translations_are_those_of_translator(loaded, alone):

@@ -25,6 +25,7 @@ API_KEY_ENV = "AIAYN_API_KEY"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from aiayn.commands.translate import add_early_stop_argument, add_precision_argument
     from aiayn.serving.settings import ServeSettings
 
     d = ServeSettings()
@@ -56,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("hardware")
     h.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
     h.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    add_precision_argument(h)
+    s = p.add_argument_group("search (per request: beam size and alpha, within the limits)")
+    add_early_stop_argument(s)
 
 
 def read_api_key(path: str | None) -> str | None:
@@ -104,15 +108,21 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from aiayn.commands.translate import torch_device
+    from aiayn.commands.translate import decode_precision, torch_device
     from aiayn.model.io import load_model
     from aiayn.serving.app import create_app
     from aiayn.serving.engine import Engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    engine = Engine(load_model(args.model, torch_device(args.device)), max_src_tokens=args.max_src_tokens,
-                    batch_tokens=settings.batch_tokens)
+    device = torch_device(args.device)
+    precision = decode_precision(args, device)
+    try:
+        engine = Engine(load_model(args.model, device), max_src_tokens=args.max_src_tokens,
+                        batch_tokens=settings.batch_tokens, precision=precision,
+                        early_stop=args.early_stop)
+    except ValueError as e:  # e.g. int8 for a model without an int8 path
+        raise UserError(str(e)) from None
     app = create_app(engine, settings, api_key)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

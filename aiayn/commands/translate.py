@@ -50,6 +50,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="show a progress bar on stderr (default: when stderr is a terminal)")
 
 
+def add_early_stop_argument(group) -> None:
+    """`--early-stop`, shared by translate, parse and serve."""
+    group.add_argument("--early-stop", choices=["exact", "current"], default="exact",
+                       help="not in the paper: when a sentence's beam search ends. exact (default): "
+                            "when no live beam can still win; current: when none would win by "
+                            "ending at the next step (sooner with alpha > 0, as fairseq and "
+                            "CTranslate2 stop; may miss a longer winner)")
+
+
+def add_precision_argument(group) -> None:
+    """`--precision`, shared by translate, parse and serve (read it with `decode_precision`)."""
+    group.add_argument("--precision", choices=DECODE_PRECISIONS, default=None,
+                       help="decoding arithmetic: fp32 (default, as trained: the paper's), bf16 "
+                            "(weights cast once; scores stay float32), int8 (int8 weights, "
+                            "activations quantized per row at run time, as CTranslate2's int8; x86 "
+                            "CPUs with AVX2, Transformer models), auto (the fastest measured on "
+                            "this kind of machine: bf16 on a GPU or a CPU with native bf16, else "
+                            "fp32)")
+
+
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
     """Search, batching and hardware options, shared by `aiayn translate` and `aiayn parse`."""
     s = p.add_argument_group("search (defaults: the model config's, the paper's)")
@@ -60,11 +80,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-len-b", type=int, metavar="B", help="(config default B=50)")
     s.add_argument("--min-len", type=int, default=0, metavar="N",
                    help="not in the paper: no EOS before output length N, EOS counted (default 0: off)")
-    s.add_argument("--early-stop", choices=["exact", "current"], default="exact",
-                   help="not in the paper: when a sentence's beam search ends. exact (default): "
-                        "when no live beam can still win; current: when none would win by ending "
-                        "at the next step (sooner with alpha > 0, as fairseq and CTranslate2 stop; "
-                        "may miss a longer winner)")
+    add_early_stop_argument(s)
     s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
     s.add_argument("--nbest", type=int, metavar="N",
                    help="write the N best hypotheses per line as index<TAB>score<TAB>text")
@@ -86,12 +102,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    b.add_argument("--precision", choices=DECODE_PRECISIONS, default=None,
-                   help="decoding arithmetic: fp32 (default, as trained: the paper's), bf16 "
-                        "(weights cast once; scores stay float32), int8 (int8 weights, activations "
-                        "quantized per row at run time, as CTranslate2's int8; x86 CPUs with AVX2, "
-                        "Transformer models), auto (the fastest measured on this kind of machine: "
-                        "bf16 on a GPU or a CPU with native bf16, else fp32)")
+    add_precision_argument(b)
     b.add_argument("--bf16", action="store_true", help="the same as --precision bf16")
 
 
@@ -112,11 +123,12 @@ def decode_precision(args: argparse.Namespace, device) -> str:
     UserError for a contradiction or int8 where it cannot run."""
     from aiayn.decoding.precision import resolve
 
-    if args.bf16 and args.precision not in (None, "bf16"):
+    bf16 = getattr(args, "bf16", False)  # serve has no --bf16
+    if bf16 and args.precision not in (None, "bf16"):
         raise UserError(f"--bf16 means --precision bf16; drop one of --bf16 and --precision "
                         f"{args.precision}")
     try:
-        return resolve("bf16" if args.bf16 else (args.precision or "fp32"), device)
+        return resolve("bf16" if bf16 else (args.precision or "fp32"), device)
     except ValueError as e:
         raise UserError(f"--precision: {e}") from None
 

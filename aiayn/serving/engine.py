@@ -35,13 +35,16 @@ class Attention:
 
 class Engine:
     """A loaded model (`aiayn.model.io.load_model`) behind `Translator`s, one per beam size and
-    alpha asked for (they share the model). `prepare` runs on the event loop, `search` on the
+    alpha asked for (they share the model, converted once to `precision`, and `early_stop`). `prepare` runs on the event loop, `search` on the
     model worker thread only."""
 
-    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000):
+    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000,
+                 precision: str = "fp32", early_stop: str = "exact"):
         self.loaded = loaded
         self._warnings: list[str] = []
+        # the model is converted once, here; every later translator shares it
         self.base = Translator(loaded, max_src_tokens=max_src_tokens, batch_tokens=batch_tokens,
+                               precision=precision, early_stop=early_stop,
                                warn=self._warnings.append)
         self._translators: dict[tuple[int, float], Translator] = {}
         cfg = self.base.cfg
@@ -74,6 +77,7 @@ class Engine:
             self._translators[key] = Translator(
                 self.loaded, max_src_tokens=self.base.max_src_tokens,
                 batch_tokens=self.base.options.batch_tokens, beam_size=beam_size, alpha=alpha,
+                precision=self.base.precision, early_stop=self.base.options.early_stop,
                 warn=self._warnings.append)
         return self._translators[key]
 
@@ -113,6 +117,8 @@ class Engine:
             "architecture": {k: config[k] for k in arch if k in config},
             "decoding": {"beam_size": cfg.beam_size, "alpha": cfg.alpha,
                          "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
-                         "max_src_tokens": self.base.max_src_tokens},
+                         "max_src_tokens": self.base.max_src_tokens,
+                         "precision": self.base.precision,
+                         "early_stop": self.base.options.early_stop},
             "alignment": self.supports_alignment,
         }
