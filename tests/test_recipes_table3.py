@@ -18,6 +18,7 @@ from aiayn.config import PRESETS, get_preset, load_config
 from aiayn.errors import UserError
 from aiayn.recipes import table3_study as study
 from aiayn.recipes.table3 import CLAIMS, PAPER_TABLE3, ROWS, TABLE3, row_config
+from aiayn.recipes.table3_plot import spread
 from aiayn.recipes.table3_report import Noise, judge, noise, report, verdict
 from aiayn.training import step as step_module
 from training_fixtures import SMALL, tiny_dataset
@@ -222,6 +223,16 @@ def test_rows_measure_what_table3_measures(whole, data):
     assert by["E"].config == {"positions": "learned"} and by["base-seed2"].config == {}
     assert by["E"].params > by["base"].params  # the learned position table
     assert by["base"].dev_ppl != by["base-seed2"].dev_ppl  # another seed is another run
+
+
+def test_curve_labels_spread_apart_in_order_around_their_ends():
+    assert spread([0.0, 1.0], 0.05) == [0.0, 1.0]  # far apart: left where they are
+    got = spread([0.02, 0.0, 0.01, 1.0], 0.05)  # three touching ends, given out of order
+    assert got[1] == pytest.approx(-0.04) and got[2] == pytest.approx(0.01)
+    assert got[0] == pytest.approx(0.06) and got[3] == 1.0  # centred on 0.01, 0.05 apart
+    # a cluster pushed into its neighbour merges with it
+    got = spread([0.0, 0.0, 0.0, 0.08], 0.05)  # 0.08 is within 0.05 of the cluster's top, 0.05
+    assert got == pytest.approx([-0.055, -0.005, 0.045, 0.095])
 
 
 def test_report_files(whole, tmp_path):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,39 @@ def plot_differences(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def spread(values: list[float], gap: float) -> list[float]:
+    """Label positions for `values`: in the same order, at least `gap` apart, each cluster of
+    labels centred on the values it stands for (so that 21 line ends stay readable)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    groups: list[list[int]] = []  # runs of labels that touch, each [first index in order, count]
+    for k, i in enumerate(order):
+        groups.append([k, 1])
+        while len(groups) > 1:  # merge while the last cluster overlaps the one below
+            (a, na), (b, nb) = groups[-2], groups[-1]
+            lo_a = _centre(values, order, a, na) - gap * (na - 1) / 2
+            lo_b = _centre(values, order, b, nb) - gap * (nb - 1) / 2
+            if lo_b - (lo_a + gap * (na - 1)) >= gap:
+                break
+            groups[-2:] = [[a, na + nb]]
+    out = [0.0] * len(values)
+    for a, n in groups:
+        lo = _centre(values, order, a, n) - gap * (n - 1) / 2
+        for j in range(n):
+            out[order[a + j]] = lo + gap * j
+    return out
+
+
+def _centre(values: list[float], order: list[int], a: int, n: int) -> float:
+    return sum(values[order[a + j]] for j in range(n)) / n
+
+
 def plot_curves(doc: dict[str, Any], path: Path) -> None:
     """Dev perplexity by update, one line per run, coloured by Table 3 group."""
     from aiayn.io import atomic_write
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ends = []  # (last step, last perplexity, label, colour) per run
     for r in doc["rows"]:
         pts = [(c["step"], c["dev_ppl"]) for c in r["curve"]]
         if not pts:
@@ -86,8 +114,20 @@ def plot_curves(doc: dict[str, Any], path: Path) -> None:
         colour = GROUP_COLOURS.get(r["row"][0], "black")
         ax.plot(xs, ys, "-", color=colour, lw=2 if r["row"] == "base" else 0.9,
                 alpha=1.0 if r["row"] == "base" else 0.7)
-        ax.annotate(_label(r), (xs[-1], ys[-1]), fontsize=6, color=colour,
-                    xytext=(3, 0), textcoords="offset points", va="center")
+        ends.append((xs[-1], ys[-1], _label(r), colour))
+    if ends:
+        # labels spread apart on the log axis (about one 6-point line each), joined to their ends
+        ax.set_yscale("log")
+        y0, y1 = (math.log10(v) for v in ax.get_ylim())
+        axes_inches = ax.get_position().height * fig.get_figheight()
+        line = (y1 - y0) * (7.5 / 72) / axes_inches  # one 7.5-point line, in decades
+        places = spread([math.log10(e[1]) for e in ends], gap=line)
+        x_end = max(e[0] for e in ends)
+        for (x, y, label, colour), place in zip(ends, places):
+            ax.annotate(label, (x, y), xytext=(x_end * 1.06, 10 ** place), textcoords="data",
+                        fontsize=6, color=colour, va="center",
+                        arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.4, "alpha": 0.6})
+        ax.set_xlim(right=x_end * 1.22)
     for group, colour in GROUP_COLOURS.items():
         ax.plot([], [], color=colour, label="base" if group == "b" else f"({group})")
     ax.set_yscale("log")
