@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aiayn.data.batching import Batch, collate
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
-from aiayn.special import BOS_ID
+from aiayn.special import PAD_ID
 
 
 @dataclass
@@ -79,23 +80,17 @@ def encoder_stats(model: torch.nn.Module, src: Tensor, src_mask: Tensor) -> list
 
 
 @torch.no_grad()
-def cross_entropy_share(model: torch.nn.Module, src: Tensor, src_mask: Tensor, tgt: list[list[int]]
-                        ) -> list[float]:
-    """Per decoder layer: the entropy of the encoder-decoder attention (teacher forced on `tgt`,
-    ids without specials) over the log of the number of real source positions, averaged over
-    heads, target positions and sentences. 1.0 is uniform attention."""
-    width = max(len(t) for t in tgt) + 1
-    tgt_in = torch.zeros(len(tgt), width, dtype=torch.long)  # (B, T): BOS + pieces, PAD after
-    for i, t in enumerate(tgt):
-        tgt_in[i, : len(t) + 1] = torch.tensor([BOS_ID] + list(t))
-    _, w = model(src, tgt_in, src_mask, return_attention=True)
-    real_t = (tgt_in != 0) | (torch.arange(width) == 0)  # (B, T)
-    log_s = src_mask.sum(1).float().log()  # (B,)
+def cross_entropy_share(model: torch.nn.Module, batch: Batch) -> list[float]:
+    """Per decoder layer: the entropy of the encoder-decoder attention (teacher forced on the
+    batch's targets) over the log of the number of real source positions, averaged over heads,
+    target positions and sentences. 1.0 is uniform attention."""
+    _, w = model(batch.src, batch.tgt_in, batch.src_mask, return_attention=True)
+    real_t = batch.tgt_out != PAD_ID  # (B, T)
+    log_s = batch.src_mask.sum(1).float().log()  # (B,)
     shares = []
     for wc in w["cross"]:  # (B, h, T, S)
         ent = -(wc * (wc + 1e-12).log()).sum(-1).mean(1)  # (B, T)
-        share = ent / log_s[:, None]
-        shares.append(float(share[real_t].mean()))
+        shares.append(float((ent / log_s[:, None])[real_t].mean()))
     return shares
 
 
@@ -128,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 refs = [line.rstrip("\n") for _, line in zip(range(len(lines)), f)]
             if len(refs) != len(lines):
                 raise UserError(f"{args.ref}: {len(refs)} lines, {args.src}: {len(lines)}")
-            tgt = [loaded.tgt_tokenizer.encode(r) for r in refs]
-            shares = cross_entropy_share(model, src, src_mask, tgt)
+            pairs = [(i, loaded.tgt_tokenizer.encode(r)) for i, r in zip(ids, refs)]
+            shares = cross_entropy_share(model, collate(pairs, range(len(pairs))))
             print("encoder-decoder attention entropy / uniform, per decoder layer: "
                   + " ".join(f"{s:.2f}" for s in shares))
     except (UserError, OSError, UnicodeDecodeError) as e:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.data.batching import collate
 from aiayn.decoding.common import source_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -44,7 +45,8 @@ def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser):
     reading = collapse.encoder_stats(reverser, src, mask)
     assert [s.layer for s in reading] == [0, 1, 2]
     assert reading[-1].similarity < 0.9
-    shares = collapse.cross_entropy_share(reverser, src, mask, tgts)
+    pairs = collate(list(zip(srcs, tgts)), range(len(srcs)))
+    shares = collapse.cross_entropy_share(reverser, pairs)
     assert len(shares) == 2 and min(shares) < 0.8  # the reverser looks at particular words
 
     # a huge constant added by each FFN swamps the residual stream under post-norm
@@ -54,7 +56,7 @@ def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser):
     broken = collapse.encoder_stats(reverser, src, mask)
     assert broken[-1].similarity > 0.999
     assert broken[-1].ffn_norm > 100 * broken[-1].residual_norm
-    assert min(collapse.cross_entropy_share(reverser, src, mask, tgts)) > 0.99
+    assert min(collapse.cross_entropy_share(reverser, pairs)) > 0.99
 
 
 def test_cli_prints_the_table_and_rejects_a_missing_file(tmp_path, capsys):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.decoding import DECODE_PRECISIONS
+from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES
 from aiayn.errors import UserError
 
 
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_early_stop_argument(group) -> None:
     """`--early-stop`, shared by translate, parse and serve."""
-    group.add_argument("--early-stop", choices=["exact", "current"], default="exact",
+    group.add_argument("--early-stop", choices=EARLY_STOP_RULES, default="exact",
                        help="not in the paper: when a sentence's beam search ends. exact (default): "
                             "when no live beam can still win; current: when none would win by "
                             "ending at the next step (sooner with alpha > 0, as fairseq and "

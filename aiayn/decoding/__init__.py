@@ -16,11 +16,13 @@ import importlib
 
 # `--precision` values of `aiayn translate` (aiayn/decoding/precision.py)
 DECODE_PRECISIONS = ("fp32", "bf16", "int8", "auto")
+# when a sentence's beam search ends (aiayn/decoding/beam.py): "exact", the default, or "current"
+EARLY_STOP_RULES = ("exact", "current")
 
 _LAZY = {"beam_search": "beam", "Hypothesis": "common", "length_penalty": "common",
          "max_output_lengths": "common", "source_batch": "common", "greedy_search": "greedy"}
 
-__all__ = ["DECODE_PRECISIONS", *_LAZY]
+__all__ = ["DECODE_PRECISIONS", "EARLY_STOP_RULES", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding.common import (
     AttentionRequest,
     Hypothesis,
@@ -57,7 +58,7 @@ from aiayn.decoding.common import (
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
-EARLY_STOP = (True, False, "exact", "current")  # True is "exact"
+EARLY_STOP = (True, False, *EARLY_STOP_RULES)  # True is "exact"
 
 
 @dataclass

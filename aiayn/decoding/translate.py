@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.common import (AttentionRequest, Hypothesis, check_index, decoding_defaults,
@@ -75,7 +76,7 @@ class SearchOptions:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if self.min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
-        if self.early_stop not in ("exact", "current"):
+        if self.early_stop not in EARLY_STOP_RULES:
             raise ValueError(f"early_stop must be exact or current, got {self.early_stop!r}")
         if self.batch_tokens < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError("batch tokens and batch size must be >= 1")

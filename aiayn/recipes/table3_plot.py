@@ -105,6 +105,7 @@ def plot_curves(doc: dict[str, Any], path: Path) -> None:
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.set_yscale("log")  # before the labels: their spacing is measured on this axis
     ends = []  # (last step, last perplexity, label, colour) per run
     for r in doc["rows"]:
         pts = [(c["step"], c["dev_ppl"]) for c in r["curve"]]
@@ -116,8 +117,7 @@ def plot_curves(doc: dict[str, Any], path: Path) -> None:
                 alpha=1.0 if r["row"] == "base" else 0.7)
         ends.append((xs[-1], ys[-1], _label(r), colour))
     if ends:
-        # labels spread apart on the log axis (about one 6-point line each), joined to their ends
-        ax.set_yscale("log")
+        # labels spread apart on the log axis (one line of text each), joined to their ends
         y0, y1 = (math.log10(v) for v in ax.get_ylim())
         axes_inches = ax.get_position().height * fig.get_figheight()
         line = (y1 - y0) * (7.5 / 72) / axes_inches  # one 7.5-point line, in decades
@@ -130,7 +130,6 @@ def plot_curves(doc: dict[str, Any], path: Path) -> None:
         ax.set_xlim(right=x_end * 1.22)
     for group, colour in GROUP_COLOURS.items():
         ax.plot([], [], color=colour, label="base" if group == "b" else f"({group})")
-    ax.set_yscale("log")
     ax.set_xlabel("update")
     ax.set_ylabel("dev perplexity per subword token")
     ax.grid(alpha=0.3, which="both")

@@ -35,8 +35,8 @@ class Attention:
 
 class Engine:
     """A loaded model (`aiayn.model.io.load_model`) behind `Translator`s, one per beam size and
-    alpha asked for (they share the model, converted once to `precision`, and `early_stop`). `prepare` runs on the event loop, `search` on the
-    model worker thread only."""
+    alpha asked for; they share the model (converted once to `precision`) and `early_stop`.
+    `prepare` runs on the event loop, `search` on the model worker thread only."""
 
     def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000,
                  precision: str = "fp32", early_stop: str = "exact"):
