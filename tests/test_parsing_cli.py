@@ -115,9 +115,25 @@ def test_parse_command_gives_trees_over_exactly_the_input_words(tmp_path, parser
     assert again[0] == 2 and "--overwrite" in again[2]
 
 
+def test_constrained_parse_needs_no_repairs(tmp_path, parser_model, aiayn):
+    sentences = ["the cat sat on the mat .", "", "unknown words here", "a"]
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(s + "\n" for s in sentences))
+    out, lin = tmp_path / "out.txt", tmp_path / "out.lin"
+    free = aiayn("parse", "--model", str(parser_model), "--input", str(inp), "--beam", "3")
+    assert "no repairs" not in free[2]  # the random model's own outputs are not trees
+    r = aiayn("parse", "--model", str(parser_model), "--input", str(inp), "--output", str(out),
+              "--linearized", str(lin), "--beam", "3", "--constrained")
+    assert r[0] == 0, r[2]
+    assert "no repairs" in r[2]
+    for s, t, o in zip(sentences, out.read_text().splitlines(), lin.read_text().splitlines()):
+        assert (Tree.fromstring(t).leaves() if t else []) == s.split()
+        assert sum(not tok.startswith(("(", ")")) for tok in o.split()) == len(s.split())
+
+
 def test_parse_lines_delinearizes_the_translators_outputs():
     class Fixed:  # a translator that always says the same
-        def translate(self, lines, progress=False):
+        def translate(self, lines, progress=False, constraint=None):
             return ["(S (NP XX )NP (VP XX XX )VP )S", "(S XX XX XX"][: len(lines)]
 
     res = parse_lines(Fixed(), ["a ( c", "x y)"])
@@ -133,3 +149,5 @@ def test_recipe_presets_are_found_by_name():
     # decoding stays §6.3's
     assert (cpu.beam_size, cpu.alpha, cpu.max_len_b) == (paper.beam_size, paper.alpha, paper.max_len_b) == (21, 0.3, 300)
     assert cpu != BASE
+    small = get_preset("parsing-small")
+    assert (small.norm, small.d_model, small.beam_size) == ("pre", 128, 21) and cpu.norm == "post"

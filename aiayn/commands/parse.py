@@ -8,7 +8,8 @@ Input: one sentence a line, words separated by spaces (tokenized as the treebank
 words (a blank line gives a blank line). The model's output is turned into a tree whatever it
 is: unbalanced brackets are closed, missing word slots added, extra ones dropped; the repairs
 are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
-outputs up to input + 300 tokens.
+outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
+well-formed trees over exactly the input's words (then no repairs are needed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--linearized", metavar="FILE",
                    help="also write the model's raw outputs (linearized trees) here")
+    p.add_argument("--constrained", action="store_true",
+                   help="not in the paper: let the search write only well-formed trees over "
+                        "exactly the input's words, so nothing is repaired (aiayn/parsing/constrain.py)")
     p.add_argument("--progress", action="store_true",
                    help="show a progress bar on stderr (default: when stderr is a terminal)")
     add_search_arguments(p)
@@ -61,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
                                 **options)
     except ValueError as e:
         raise UserError(str(e)) from None
-    res = parse_lines(translator, lines, progress=args.progress or sys.stderr.isatty())
+    res = parse_lines(translator, lines, progress=args.progress or sys.stderr.isatty(),
+                      constrained=args.constrained)
     text = "".join(t + "\n" for t in res.trees)
     if args.output is None:
         sys.stdout.write(text)

@@ -46,6 +46,8 @@ from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding.common import (
     AttentionRequest,
     Hypothesis,
+    StepConstraint,
+    apply_constraint,
     ban_early_eos,
     decoder_length_cap,
     decoding_defaults,
@@ -135,7 +137,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_len_a: float | None = None, max_len_b: float | None = None,
                 nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
-                attention: AttentionRequest | None = None) -> list[list[Hypothesis]]:
+                attention: AttentionRequest | None = None,
+                constraint: StepConstraint | None = None) -> list[list[Hypothesis]]:
     """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
     (B, S) bool, True at real tokens (default `src != PAD`).
 
@@ -148,7 +151,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
     `attention` keeps, for every hypothesis, the cross-attention weights of the steps that made
     it (`Hypothesis.attention`), following each beam's history through the reorderings; the
-    search itself is unchanged. The model should be in eval mode.
+    search itself is unchanged. `constraint` (one row per sentence when given) limits the
+    tokens each hypothesis may write (`common.StepConstraint`). The model should be in eval mode.
     """
     cfg = decoding_defaults(model)
     k = cfg.beam_size if beam_size is None else int(beam_size)
@@ -174,6 +178,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     memory = model.encode(src, src_mask)
     cache = model.new_cache(memory, src_mask)
     cache.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))  # (B*k) rows
+    if constraint is not None:
+        constraint.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))
     w_shape = None  # (L', h', S) of the kept attention
     if attention is not None:
         w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))
@@ -200,7 +206,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
             step_w = attention.select(weights["cross"]).reshape(n, k, 1, a_size)  # (n, k, 1, A)
         vocab = logits.size(-1)
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
-        logp = logp.view(n, k * vocab)
+        left = (max_lens[sent] - t).repeat_interleave(k)  # (n*k,) steps this row may still take
+        logp = apply_constraint(logp, constraint, left).view(n, k * vocab)
         cand_raw = (raw[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
         n_cand = min(2 * k, k * vocab)
         top_raw, top_idx = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
@@ -271,7 +278,11 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         # The k beams of a sentence share its cross-attention keys/values, so those move only
         # when sentences leave the batch.
         cross = keep.repeat_interleave(k) * k if keep.numel() != n else None  # (m*k,)
-        cache.reorder((keep[:, None] * k + beam).view(-1), cross_index=cross)  # (m*k,)
+        rows = (keep[:, None] * k + beam).view(-1)  # (m*k,)
+        cache.reorder(rows, cross_index=cross)
+        if constraint is not None:
+            constraint.reorder(rows)
+            constraint.advance(live_tok.reshape(-1))
         raw = live_raw
         last = live_tok.reshape(-1, 1)
     return _to_hypotheses(final, nbest, w_shape, src_mask.sum(dim=1).tolist())

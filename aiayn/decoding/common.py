@@ -20,7 +20,7 @@ length + 50"):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -85,6 +85,34 @@ class AttentionRequest:
         if self.heads is not None:
             w = w[:, :, [check_index(j, n_heads, "head") for j in self.heads]]
         return w.mean(dim=2, keepdim=True) if self.mean_heads else w
+
+
+class StepConstraint(Protocol):
+    """Restricts what a search may write (off unless given; e.g.
+    `aiayn.parsing.constrain.TreeConstraint`). It keeps one row of state per live hypothesis:
+    built with one row per sentence of the batch; the search calls `allowed(steps_left)` before
+    each step and masks every other token to -inf, then `reorder(index)` with the same row index it gives
+    the model's cache (beams reordered, finished sentences dropped) and `advance(tokens)` with
+    the token each row appended. Only choices are removed, so beam search's early-stopping bound
+    still holds."""
+
+    def allowed(self, steps_left: Tensor) -> Tensor:
+        """(R, V) bool, True where row r may write token v next; steps_left (R,) int64: how many
+        tokens the row may still write, this one and EOS included (L - t)."""
+
+    def reorder(self, index: Tensor) -> None:
+        """Row i becomes old row index[i]: index (R',) int64."""
+
+    def advance(self, tokens: Tensor) -> None:
+        """tokens (R,) int64: the token each row appended."""
+
+
+def apply_constraint(logp: Tensor, constraint: StepConstraint | None, steps_left: Tensor
+                     ) -> Tensor:
+    """logp (N, V) with every token the constraint forbids set to -inf (in place)."""
+    if constraint is not None:
+        logp.masked_fill_(~constraint.allowed(steps_left), float("-inf"))
+    return logp
 
 
 def check_index(i: int, n: int, what: str) -> int:

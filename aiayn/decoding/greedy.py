@@ -15,6 +15,8 @@ from torch import Tensor
 from aiayn.decoding.common import (
     AttentionRequest,
     Hypothesis,
+    StepConstraint,
+    apply_constraint,
     ban_early_eos,
     decoder_length_cap,
     decoding_defaults,
@@ -29,8 +31,8 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 @torch.inference_mode()
 def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
                   max_len_a: float | None = None, max_len_b: float | None = None,
-                  min_len: int = 0, attention: AttentionRequest | None = None
-                  ) -> list[Hypothesis]:
+                  min_len: int = 0, attention: AttentionRequest | None = None,
+                  constraint: StepConstraint | None = None) -> list[Hypothesis]:
     """Greedy decoding of a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD;
     src_mask: (B, S) bool, True at real tokens (default `src != PAD`).
 
@@ -39,6 +41,8 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     mode. `max_len_a`/`max_len_b` default to the model config's (1 and 50). `min_len` (not in
     the paper, 0 = off) forbids EOS before step min_len (`common.ban_early_eos`).
     `attention` keeps each step's cross-attention weights as `Hypothesis.attention`.
+    `constraint` (one row per sentence) limits the tokens each step may choose
+    (`common.StepConstraint`).
     """
     cfg = decoding_defaults(model)
     a = cfg.max_len_a if max_len_a is None else max_len_a
@@ -77,6 +81,7 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
             if out_w is None:
                 out_w = step_w.new_zeros(n, width, step_w.size(2))
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n_live, V) float32
+        logp = apply_constraint(logp, constraint, max_lens[rows] - t)
         tok_lp, tok = logp.max(dim=-1)  # (n_live,)
         hist_tok = torch.cat([hist_tok, tok[:, None]], dim=1)  # (n_live, t+1)
         hist_lp = torch.cat([hist_lp, tok_lp[:, None]], dim=1)
@@ -99,6 +104,10 @@ def greedy_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
             raw = raw[keep]
             if rows.numel():
                 cache.reorder(keep)
+                if constraint is not None:
+                    constraint.reorder(keep)
+        if constraint is not None and rows.numel():
+            constraint.advance(tok)
         last = tok[:, None]
 
     hyps = []

@@ -26,8 +26,8 @@ import torch
 from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.common import (AttentionRequest, Hypothesis, check_index, decoding_defaults,
-                                   source_batch)
+from aiayn.decoding.common import (AttentionRequest, Hypothesis, StepConstraint, check_index,
+                                   decoding_defaults, source_batch)
 from aiayn.decoding.greedy import greedy_search
 from aiayn.errors import UserError
 
@@ -97,8 +97,14 @@ def model_dtype(model: Any) -> torch.dtype:
     return p.dtype if p is not None else torch.float32
 
 
+# Builds the step constraint of a batch: (indices of the batch's sentences into the sources,
+# device) -> `aiayn.decoding.common.StepConstraint` (e.g. `aiayn.parsing.constrain`)
+ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
+
+
 def search_batched(model: Any, sources: Sequence[Sequence[int]], options: SearchOptions = SearchOptions(),
-                   bf16: bool = False, progress: bool = False) -> list[list[Hypothesis]]:
+                   bf16: bool = False, progress: bool = False,
+                   constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
     """Search every source (subword ids, no specials; must be non-empty) and return, in input
     order, its hypotheses best first (one for greedy, up to `options.nbest` for beam search).
 
@@ -106,7 +112,7 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
     unless its weights are bf16 already.
     Sources must fit the model (`Translator.prepare` truncates). Progress (tqdm, stderr) counts
-    sentences."""
+    sentences. `constraint`, when given, builds each batch's step constraint."""
     from tqdm import tqdm
 
     cfg = decoding_defaults(model)
@@ -128,15 +134,16 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
             for batch in length_batches([len(s) for s in sources], options.batch_tokens,
                                         max_sentences=options.batch_size):
                 src, src_mask = source_batch([sources[i] for i in batch], device)
+                step = None if constraint is None else constraint(batch, device)
                 if options.greedy:
                     found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,
                                                         options.max_len_b, options.min_len,
-                                                        options.attention)]
+                                                        options.attention, step)]
                 else:
                     found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
                                         options.max_len_a, options.max_len_b, options.nbest,
                                         early_stop=options.early_stop, min_len=options.min_len,
-                                        attention=options.attention)
+                                        attention=options.attention, constraint=step)
                 for i, hyps in zip(batch, found):
                     results[i] = hyps
                 bar.update(len(batch))
@@ -229,22 +236,30 @@ class Translator:
 
     # --- translation -------------------------------------------------------------------------
     def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False,
-               attention: AttentionRequest | None = None) -> list[list[Hypothesis]]:
+               attention: AttentionRequest | None = None,
+               constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
         """Token ids in, hypotheses out (input order); an empty source gives one empty
         hypothesis with score 0 without running the model. `attention`: keep the weights the
-        search used (`Hypothesis.attention`)."""
+        search used (`Hypothesis.attention`). `constraint`: limit what the search may write
+        (its indices are into `sources`)."""
         options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
         todo = [i for i, s in enumerate(sources) if len(s)]
-        found = search_batched(self.model, [sources[i] for i in todo], options, self.bf16, progress)
+        build = None
+        if constraint is not None:
+            def build(batch: Sequence[int], device: torch.device) -> StepConstraint:
+                return constraint([todo[j] for j in batch], device)
+        found = search_batched(self.model, [sources[i] for i in todo], options, self.bf16, progress,
+                               build)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
         for i, hyps in zip(todo, found):
             out[i] = hyps
         return out
 
-    def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1
-                  ) -> list[str]:
-        """One translation per line, in order (the best hypothesis; empty if none was found)."""
-        found = self.search(self.prepare(lines, first_line), 1, progress)
+    def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1,
+                  constraint: ConstraintFactory | None = None) -> list[str]:
+        """One translation per line, in order (the best hypothesis; empty if none was found).
+        `constraint`: as for `search`, indices into `lines`."""
+        found = self.search(self.prepare(lines, first_line), 1, progress, constraint=constraint)
         return [self.detokenize(h[0].tokens) if h else "" for h in found]
 
     def translate_nbest(self, lines: Sequence[str], nbest: int, progress: bool = False,

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from aiayn.parsing.constrain import TreeVocabulary, tree_constraints
 from aiayn.parsing.linearize import Repairs, delinearize
 from aiayn.parsing.treebank import tree_line
 
@@ -52,13 +53,18 @@ def trees_from_outputs(lines: Sequence[str], outputs: Sequence[str]) -> tuple[li
     return trees, repairs
 
 
-def parse_lines(translator: Any, lines: Sequence[str], progress: bool = False) -> ParseResult:
+def parse_lines(translator: Any, lines: Sequence[str], progress: bool = False,
+                constrained: bool = False) -> ParseResult:
     """Parse tokenized sentences (one per line, words separated by spaces; brackets become
     -LRB- and -RRB-) with a `aiayn.decoding.translate.Translator` over a model trained on
-    linearized trees."""
+    linearized trees. `constrained` (not in the paper): the search writes only well-formed trees
+    over exactly each sentence's words (`aiayn.parsing.constrain`)."""
     lines = [ptb_escape(line) for line in lines]
     t0 = time.perf_counter()
-    outputs = translator.translate(lines, progress=progress)
+    constraint = None
+    if constrained:
+        constraint = tree_constraints(TreeVocabulary.from_tokenizer(translator.tgt_tokenizer), lines)
+    outputs = translator.translate(lines, progress=progress, constraint=constraint)
     seconds = time.perf_counter() - t0
     trees, repairs = trees_from_outputs(lines, outputs)
     return ParseResult(trees, repairs, list(outputs), seconds)
