@@ -26,7 +26,7 @@ a few tensors per row, so the check is vectorised over sentences and beams.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 WORD_MARK = "\u2581"  # sentencepiece's word-start mark
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TreeVocabulary:
     """What each target token is, as (V,) tensors: `open_label[t]` the label index of an opening
     token `(X` (-1 otherwise), `close_label[t]` that of a closing token `)X`, `slot[t]` True for a
@@ -114,7 +114,8 @@ class TreeConstraint:
     `opened_at` (R, D) how many words were placed when each opened. D bounds the depth.
 
     n_words: per sentence of the batch, its number of words; slots: per sentence, per word, the
-    slot token ids it may take (`TreeVocabulary.slot_choices`), or None for any slot token."""
+    slot token ids it may take (`TreeVocabulary.slot_choices`; an empty list, or None for the
+    sentence, means any slot token)."""
 
     def __init__(self, vocab: TreeVocabulary, n_words: Sequence[int],
                  slots: Sequence[Sequence[Sequence[int]] | None] | None = None,
@@ -132,7 +133,7 @@ class TreeConstraint:
             for b, s in enumerate(slots):
                 for j in range(int(self.n_words[b])):
                     ids = None if s is None else s[j]
-                    if ids is None:  # any slot token for this sentence: marked by -2
+                    if not ids:  # any slot token (none named, or none in the vocabulary): -2
                         table[b, j, 0] = -2
                     else:
                         table[b, j, : len(ids)] = torch.tensor(ids, dtype=torch.long)
@@ -203,7 +204,8 @@ class TreeConstraint:
         self.started = self.started | opens
 
 
-def tree_constraints(vocab: TreeVocabulary, lines: Sequence[str]):
+def tree_constraints(vocab: TreeVocabulary, lines: Sequence[str]
+                     ) -> Callable[[Sequence[int], torch.device | str], TreeConstraint]:
     """A factory for `Translator.search(constraint=...)`: given indices into `lines` (a batch),
     the `TreeConstraint` of those sentences (words split on whitespace)."""
     words = [line.split() for line in lines]
