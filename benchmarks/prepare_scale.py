@@ -5,8 +5,8 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
 - `aiayn prepare` (this tree), as a user runs it: wall time, the peak memory of the whole process
   tree (PSS, so pages shared by the forked workers count once) and of the main process (RSS),
   and the time of each stage (checking + sampling, vocabulary, encoding, read off its log);
-- the peer: the same command from another revision (`--peer-ref`, default `main`: the whole
-  corpus in memory) on the sizes given by `--peer-sizes`;
+- the peer: the same command from another revision (`--peer-ref`, default `PEER_REF`, the last
+  one whose prepare held the whole corpus in memory) on the sizes given by `--peer-sizes`;
 - training start-up on the prepared dataset: `aiayn train` of a one-layer model for one update,
   wall time and peak RSS, and, in a probe process, what opening the dataset and planning the
   first epoch's batches cost (seconds, and peak bytes traced by tracemalloc), this tree's
@@ -17,6 +17,7 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
   as varied as WMT's, which resampled Multi30k is not.
 Prints a table and writes JSON; deletes the corpora and datasets at the end unless `--keep`.
 
+    .venv/bin/pip install -e '.[bench]'     # psutil, for the memory of the process tree
     .venv/bin/python benchmarks/prepare_scale.py
     .venv/bin/python benchmarks/prepare_scale.py --sizes 20000 50000 --peer-sizes 20000  # a quick look
 
@@ -43,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the shared data beside the repository (its checkout, or a worktree one level further down)
 MULTI30K = next((p / "shared" / "data" / "multi30k" for p in (ROOT.parent, ROOT.parent.parent)
                  if (p / "shared" / "data" / "multi30k").is_dir()), ROOT.parent / "shared" / "data" / "multi30k")
+# the revision before the streamed, sharded prepare (d385998): the whole corpus in memory
+PEER_REF = "0c7c2c6"
 # log line prefix -> the stage it starts ("prepared" is the summary: the end)
 STAGES = (("checking", "check"), ("learning a", "vocab"), ("encoding", "encode"), ("prepared", "end"))
 
@@ -163,6 +166,7 @@ out = {"pairs": len(ds), "open_s": t1 - t0, "open_peak_mb": open_peak / 1e6}
 for name, path in (("this", sys.argv[1]), ("peer", sys.argv[3])):
     spec = importlib.util.spec_from_file_location(f"batching_{name}", f"{path}/aiayn/data/batching.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
@@ -234,7 +238,8 @@ def main() -> int:
                     help="where corpora and datasets go, outside the repository (default: beside it)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[300_000, 3_000_000, 10_000_000])
     ap.add_argument("--peer-sizes", type=int, nargs="*", default=[300_000, 3_000_000])
-    ap.add_argument("--peer-ref", default="main", help="git revision of the peer (default main)")
+    ap.add_argument("--peer-ref", default=PEER_REF,
+                    help=f"git revision of the peer (default {PEER_REF}, the in-memory prepare)")
     ap.add_argument("--workers", type=int, default=None, help="--workers for this tree's prepare")
     ap.add_argument("--multi30k", default=None, help="directory with train.{en,de}.gz, val.* "
                     "(default: the shared data beside the repository)")
@@ -275,7 +280,9 @@ def main() -> int:
                           flush=True)
                 row["train_startup"] = train_startup(ds, root / f"run-{n}", env, root / f"train-{n}.log")
                 probe = subprocess.run([sys.executable, "-c", PROBE, str(ROOT), str(ds), str(peer)],
-                                       capture_output=True, text=True, check=True, env=env)
+                                       capture_output=True, text=True, env=env)
+                if probe.returncode != 0:
+                    raise SystemExit(f"the start-up probe failed:\n{probe.stderr}")
                 row["probe"] = json.loads(probe.stdout)
                 print(f"{'':>10}  train start-up {row['train_startup']['seconds']:.1f} s, peak RSS "
                       f"{row['train_startup']['peak_main_rss_gb']:.2f} GB; probe {row['probe']}", flush=True)

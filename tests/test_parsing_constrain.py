@@ -23,7 +23,6 @@ PIECES = ["<pad>", "<unk>", "<s>", "</s>", "\u2581XX", "\u2581(S", "\u2581)S", "
 # (ADJP has no closing token: opening it would trap the search, so it is never allowed;
 # "sub" (no word mark) continues a word and is never a slot
 TEXT = {i: p.lstrip("\u2581") for i, p in enumerate(PIECES)}
-ORDINARY = [i for i in range(4, len(PIECES))]
 
 
 def reference_state(tokens: list[str], n: int, slot_ok=None):
@@ -55,10 +54,11 @@ def reference_state(tokens: list[str], n: int, slot_ok=None):
     return stack, placed, started
 
 
-def reference_allowed(tokens: list[str], n: int, slot_ok=None) -> set[int]:
+def reference_allowed(tokens: list[str], n: int, text: dict = TEXT, slot_ok=None) -> set[int]:
+    """The ids (of `text`: id -> token text) after which `tokens` can still become a tree."""
     out = set()
-    for i in ORDINARY:
-        st = reference_state(tokens + [TEXT[i]], n, slot_ok)
+    for i in range(4, len(text)):
+        st = reference_state(tokens + [text[i]], n, slot_ok)
         if st is not None:
             stack, placed, _ = st
             if not stack or placed < n or stack[-1][1]:  # completable
@@ -144,15 +144,7 @@ def test_masks_match_the_reference_with_word_slots():
     prefix: list[str] = []
     for _ in range(12):
         allowed = set(c.allowed()[0].nonzero().flatten().tolist())
-        expected = set()
-        for i in range(4, len(pieces)):
-            st = reference_state(prefix + [text[i]], 3, slot_ok)
-            if st is not None and (not st[0] or st[1] < 3 or st[0][-1][1]):
-                expected.add(i)
-        st = reference_state(prefix, 3, slot_ok)
-        if st is not None and st[2] and not st[0]:
-            expected.add(EOS_ID)
-        assert allowed == expected, prefix
+        assert allowed == reference_allowed(prefix, 3, text, slot_ok), prefix
         if allowed == {EOS_ID}:
             break
         tok = rng.choice(sorted(allowed - {EOS_ID}))

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the model's raw outputs (linearized trees) here")
     p.add_argument("--constrained", action="store_true",
                    help="not in the paper: let the search write only well-formed trees over "
-                        "exactly the input's words, so nothing is repaired (aiayn/parsing/constrain.py)")
+                        "exactly the input's words, so nothing is repaired "
+                        "(aiayn/parsing/constrain.py)")
     p.add_argument("--progress", action="store_true",
                    help="show a progress bar on stderr (default: when stderr is a terminal)")
     add_search_arguments(p)

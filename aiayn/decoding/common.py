@@ -91,10 +91,10 @@ class StepConstraint(Protocol):
     """Restricts what a search may write (off unless given; e.g.
     `aiayn.parsing.constrain.TreeConstraint`). It keeps one row of state per live hypothesis:
     built with one row per sentence of the batch; the search calls `allowed(steps_left)` before
-    each step and masks every other token to -inf, then `reorder(index)` with the same row index it gives
-    the model's cache (beams reordered, finished sentences dropped) and `advance(tokens)` with
-    the token each row appended. Only choices are removed, so beam search's early-stopping bound
-    still holds."""
+    each step and masks every other token to -inf, then `reorder(index)` with the row index it
+    gives the model's cache (beams reordered, finished sentences dropped) and `advance(tokens)`
+    with the token each row appended. Only choices are removed, so beam search's
+    early-stopping bound still holds."""
 
     def allowed(self, steps_left: Tensor) -> Tensor:
         """(R, V) bool, True where row r may write token v next; steps_left (R,) int64: how many
