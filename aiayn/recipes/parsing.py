@@ -1,12 +1,12 @@
 """English constituency parsing (§6.3) on a Penn Treebank: the recipe's data step and presets.
 
-The recipe (scripts/parsing.sh runs it end to end):
+The recipe, with the setting chosen on dev (docs/parsing.md; scripts/parsing.sh runs it):
 
-    aiayn treebank --treebank treebank.zip --out corpus      # clean, split by file, linearize
+    aiayn treebank --treebank treebank.zip --out corpus --slots words   # clean, split, linearize
     aiayn prepare --src-lang words --tgt-lang tree --train corpus/train --valid corpus/valid \\
-        --test corpus/test --separate-vocab --model-type bpe --tgt-model-type word ...
-    aiayn train --preset parsing-cpu ...; aiayn average ...
-    aiayn parse --model M --input corpus/test.words --output test.trees   # beam 21, alpha 0.3
+        --test corpus/test --model-type word --vocab-size 8000 ...   # one word vocabulary
+    aiayn train --preset parsing-small ...; aiayn average ...
+    aiayn parse --model M --input corpus/test.words --output test.trees --constrained
     aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold # EVALB, COLLINS.prm
 
 `write_corpus` writes, per split, `SPLIT.words` (the sentence, words separated by spaces: the
