@@ -177,9 +177,10 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
 
     memory = model.encode(src, src_mask)
     cache = model.new_cache(memory, src_mask)
-    cache.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))  # (B*k) rows
+    beams = torch.arange(n_sent, device=device).repeat_interleave(k)  # (B*k,) rows
+    cache.reorder(beams)
     if constraint is not None:
-        constraint.reorder(torch.arange(n_sent, device=device).repeat_interleave(k))
+        constraint.reorder(beams)
     w_shape = None  # (L', h', S) of the kept attention
     if attention is not None:
         w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))

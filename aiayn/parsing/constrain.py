@@ -36,6 +36,9 @@ from aiayn.special import EOS_ID, PAD_ID, BOS_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 WORD_MARK = "\u2581"  # sentencepiece's word-start mark
+# entries of `TreeConstraint.table` that are not token ids
+NO_ID = -1  # padding: fewer choices than the widest word has
+ANY_SLOT = -2  # in a word's first entry: any slot token may stand for it
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,16 +128,16 @@ class TreeConstraint:
         self.vocab = vocab.to(device)
         n = len(n_words)
         self.n_words = torch.tensor(list(n_words), dtype=torch.long, device=device)  # (B,)
-        self.table = None  # (B, W, C) slot ids per word, -1 padded
+        self.table = None  # (B, W, C) slot ids per word, NO_ID padded
         if slots is not None and any(s is not None for s in slots):
             w = max(self.n_words.tolist())
             c = max((len(ids) for s in slots if s for ids in s), default=1)
-            table = torch.full((n, w, max(c, 1)), -1, dtype=torch.long)
+            table = torch.full((n, w, max(c, 1)), NO_ID, dtype=torch.long)
             for b, s in enumerate(slots):
                 for j in range(int(self.n_words[b])):
                     ids = None if s is None else s[j]
-                    if not ids:  # any slot token (none named, or none in the vocabulary): -2
-                        table[b, j, 0] = -2
+                    if not ids:  # none named, or none in the vocabulary
+                        table[b, j, 0] = ANY_SLOT
                     else:
                         table[b, j, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             self.table = table.to(device)
@@ -173,7 +176,7 @@ class TreeConstraint:
             mask[:, :v] |= slot_ok[:, None] & voc.slot[None, :]
         else:
             ids = self.table[self.sent, self.placed.clamp(max=self.table.size(1) - 1)]  # (R, C)
-            anyslot = ids[:, 0] == -2
+            anyslot = ids[:, 0] == ANY_SLOT
             mask[:, :v] |= (slot_ok & anyslot)[:, None] & voc.slot[None, :]
             own = slot_ok & ~anyslot
             ids = torch.where((ids >= 0) & own[:, None], ids, torch.full_like(ids, v))
