@@ -48,6 +48,10 @@ class Config:
     p_attn_drop: float = 0.0
     # Dropout on the FFN's hidden ReLU activations (Tensor2Tensor's relu_dropout), not in the paper.
     p_ffn_drop: float = 0.0
+    # Source word dropout, not in the paper: in training each source token (PAD, BOS and EOS
+    # excepted) is read as UNK with this probability, so the model learns to parse or translate
+    # around words it does not know (Sennrich et al. 2016's word dropout; aiayn.model.dropout).
+    p_word_drop: float = 0.0
     # "pre" applies LayerNorm before each sub-layer, x + Sublayer(LN(x)), plus a final LayerNorm on
     # each stack (Wang et al. 2019); trains more stably deep, but is not the paper's post-norm.
     norm: Literal["post", "pre"] = "post"
@@ -131,10 +135,12 @@ class Config:
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
             raise bad(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                       "give d_k and d_v explicitly")
-        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "eps_ls", "lr_cooldown"):
+        for name in ("p_drop", "p_attn_drop", "p_ffn_drop", "p_word_drop", "eps_ls", "lr_cooldown"):
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
+        if self.arch == "rnn" and self.p_word_drop:
+            raise bad("p_word_drop is a Transformer option; the rnn architecture does not read it")
         if self.tgt_vocab_size and self.tgt_vocab_size != self.vocab_size and self.tie_embeddings:
             raise bad("separate source and target vocabularies need tie_embeddings=False")
         if not (0.0 < self.adam_beta1 < 1.0 and 0.0 < self.adam_beta2 < 1.0):

@@ -26,9 +26,14 @@ PRESET=${PRESET:-parsing-small}
 SLOTS=${SLOTS:-words}  # what stands for a word in the target: xx (§6.3), tags, or words
 VOCAB=${VOCAB:-shared-words}  # shared-words or separate (source BPE, target symbols)
 CONSTRAINED=${CONSTRAINED:-1}  # 1: the search writes only trees over the sentence's words
+SIGNATURES=${SIGNATURES:-0}  # N > 0: source words seen < N times in training become signatures
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
 A=${AIAYN:-.venv/bin/aiayn}
+if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
+  # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
+  echo "scripts/parsing.sh: SIGNATURES needs VOCAB=shared-words (got VOCAB=$VOCAB)" >&2; exit 2
+fi
 PARSE_CONSTRAINT=""
 [ "$CONSTRAINED" = 1 ] && PARSE_CONSTRAINT=--constrained
 RESUME=""
@@ -36,21 +41,27 @@ RESUME=""
 set -x
 # with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
-    --overwrite ${TREEBANK_ARGS:-}
+    --signatures "$SIGNATURES" --overwrite ${TREEBANK_ARGS:-}
+SRC_LANG=words
+[ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
+corpus_info() { .venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$OUT/corpus/corpus.json" "$1"; }
 if [ "$VOCAB" = shared-words ]; then
   # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
   # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
   # XX already); a word is then the same id and embedding in the source and the target
-  VOCAB_ARGS=(--model-type word --vocab-size "${WORD_VOCAB:-8000}")
+  # (with signatures every training word left fits: the corpus counts them)
+  WORDS=${WORD_VOCAB:-8000}
+  [ "$SIGNATURES" -gt 0 ] && WORDS=$(( WORDS < $(corpus_info vocabulary) ? WORDS : $(corpus_info vocabulary) ))
+  VOCAB_ARGS=(--model-type word --vocab-size "$WORDS")
 else
   # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
   # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
   # into `(` + `NP`
-  SYMBOLS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['train_target_symbols'])" "$OUT/corpus/corpus.json")
+  SYMBOLS=$(corpus_info train_target_symbols)
   VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
               --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
 fi
-$A prepare --src-lang words --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
+$A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
     --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
 # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
 $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \

@@ -132,7 +132,13 @@ def test_constrained_parse_needs_no_repairs(tmp_path, parser_model, aiayn):
 
 
 def test_parse_lines_delinearizes_the_translators_outputs():
+    class ReadsAll:  # a tokenizer that knows every word
+        def encode(self, text):
+            return [5]
+
     class Fixed:  # a translator that always says the same
+        src_tokenizer = ReadsAll()
+
         def translate(self, lines, progress=False, constraint=None):
             return ["(S (NP XX )NP (VP XX XX )VP )S", "(S XX XX XX"][: len(lines)]
 

@@ -9,7 +9,9 @@ words (a blank line gives a blank line). The model's output is turned into a tre
 is: unbalanced brackets are closed, missing word slots added, extra ones dropped; the repairs
 are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
 outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
-well-formed trees over exactly the input's words (then no repairs are needed).
+well-formed trees over exactly the input's words (then no repairs are needed). A model trained
+with `aiayn treebank --signatures` reads the words its vocabulary lacks as their signatures
+(aiayn/parsing/signatures.py); nothing to pass.
 """
 
 from __future__ import annotations

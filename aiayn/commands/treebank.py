@@ -4,8 +4,9 @@ Cleans every tree (traces and the constituents they leave empty removed, functio
 indices stripped, the outer empty bracket dropped: aiayn/parsing/treebank.py), splits by file
 number and writes, per split, SPLIT.words (the sentence: the source), SPLIT.tree (the
 linearized tree, §6.3: the target) and SPLIT.gold (the cleaned tree on one line, for `aiayn
-evalb`), plus corpus.json. Then `aiayn prepare --src-lang words --tgt-lang tree --train OUT/train
-...` (scripts/parsing.sh runs the whole recipe).
+evalb`), plus corpus.json; with --signatures also SPLIT.src, the source as the model reads it
+(rare words as signatures). Then `aiayn prepare --src-lang words --tgt-lang tree --train
+OUT/train ...` (`--src-lang src` with signatures; scripts/parsing.sh runs the whole recipe).
 
     aiayn treebank --treebank treebank.zip --out corpus
     aiayn treebank --treebank wsj/ --out corpus --splits train=200-2199,valid=2200-2299,test=2300-2399
@@ -34,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-words", type=int, default=0, metavar="K",
                    help="with --slots words: write only the K commonest training words in the "
                         "targets, the others as XX (default 0: every word)")
+    p.add_argument("--signatures", type=int, default=0, metavar="N",
+                   help="not in the paper: also write SPLIT.src, the source with every word seen "
+                        "fewer than N times in training as its signature (shape and suffix, "
+                        "`UNK-Cap-ing`: aiayn/parsing/signatures.py); default 0: off")
     p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
 
 
@@ -48,10 +53,16 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
     if args.target_words < 0:
         raise UserError(f"--target-words must be >= 0, got {args.target_words}")
-    info = write_corpus(args.treebank, out, args.splits, args.slots, args.target_words)
+    if args.signatures < 0:
+        raise UserError(f"--signatures must be >= 0, got {args.signatures}")
+    info = write_corpus(args.treebank, out, args.splits, args.slots, args.target_words,
+                        args.signatures)
     for name, c in info["counts"].items():
         print(f"{name}: {c['sentences']:,} sentences, {c['words']:,} words from {c['files']} files "
               f"({c['first_file']} .. {c['last_file']})")
     print(f"target symbols in train: {info.get('train_target_symbols')} "
           f"(word slots: {args.slots}); wrote {out}/corpus.json")
+    if args.signatures:
+        print(f"source with signatures (words seen < {args.signatures} times): SPLIT.src; "
+              f"a shared word vocabulary holds {info['vocabulary']} pieces")
     return 0

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.special import EOS_ID, UNK_ID
+
 _LEVELS = 1 << 16  # int16 values: -32768 .. 32767, all equally likely
 
 
@@ -61,3 +63,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return F.dropout(x, p, training)
     mask, keep = keep_mask(x.shape, p, x.device)
     return _MaskedScale.apply(x, mask, 1.0 / keep)
+
+
+def word_dropout(ids: Tensor, p: float, training: bool) -> Tensor:
+    """Token ids (B, S) with each ordinary token replaced by UNK with probability p (the config's
+    p_word_drop); PAD, BOS, EOS and UNK stay. Identity when not training or p == 0."""
+    if not training or p == 0.0:
+        return ids
+    drop = (torch.rand(ids.shape, device=ids.device) < p) & (ids > EOS_ID)  # ids 0-3 are the specials
+    return ids.masked_fill(drop, UNK_ID)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from aiayn.config import Config
 from aiayn.model.banded import Band
 from aiayn.model.cache import KVCache
-from aiayn.model.dropout import dropout
+from aiayn.model.dropout import dropout, word_dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.special import PAD_ID
@@ -104,6 +104,7 @@ class Transformer(nn.Module):
         if src_mask is None:
             src_mask = src != PAD_ID
         mask = self._encoder_mask(src_mask)
+        src = word_dropout(src, self.cfg.p_word_drop, self.training)  # not in the paper; 0 by default
         x = self._embed(src, self.src_embed, self.src_pos)
         weights = []
         for layer in self.encoder:

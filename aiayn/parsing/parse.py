@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from aiayn.parsing.constrain import TreeVocabulary, tree_constraints
 from aiayn.parsing.linearize import Repairs, delinearize
+from aiayn.parsing.signatures import model_inputs
 from aiayn.parsing.treebank import tree_line
 
 
@@ -58,13 +59,16 @@ def parse_lines(translator: Any, lines: Sequence[str], progress: bool = False,
     """Parse tokenized sentences (one per line, words separated by spaces; brackets become
     -LRB- and -RRB-) with a `aiayn.decoding.translate.Translator` over a model trained on
     linearized trees. `constrained` (not in the paper): the search writes only well-formed trees
-    over exactly each sentence's words (`aiayn.parsing.constrain`)."""
+    over exactly each sentence's words (`aiayn.parsing.constrain`). A model trained with
+    signatures reads the words its vocabulary lacks as their signatures
+    (`aiayn.parsing.signatures`); the trees are over the words as given."""
     lines = [ptb_escape(line) for line in lines]
     t0 = time.perf_counter()
     constraint = None
     if constrained:
         constraint = tree_constraints(TreeVocabulary.from_tokenizer(translator.tgt_tokenizer), lines)
-    outputs = translator.translate(lines, progress=progress, constraint=constraint)
+    outputs = translator.translate(model_inputs(lines, translator.src_tokenizer), progress=progress,
+                                   constraint=constraint)
     seconds = time.perf_counter() - t0
     trees, repairs = trees_from_outputs(lines, outputs)
     return ParseResult(trees, repairs, list(outputs), seconds)

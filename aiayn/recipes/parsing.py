@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from aiayn.config import PRESETS as PAPER_PRESETS
+from aiayn.errors import UserError
 from aiayn.io import atomic_write
 
 # §6.3: 4 layers, d_model 1024, beam 21, alpha 0.3, outputs up to input + 300 (aiayn/config.py).
@@ -45,6 +46,7 @@ PRESETS = {
 }
 
 SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also prepare's "languages"
+MODEL_SOURCE = "src"  # with signatures: the source as the model reads it (rare words as signatures)
 
 
 def known_words(trees: list, n: int) -> set[str] | None:
@@ -55,26 +57,41 @@ def known_words(trees: list, n: int) -> set[str] | None:
 
 
 def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
-                 slots: str = "xx", target_words: int = 0) -> dict:
+                 slots: str = "xx", target_words: int = 0, signatures: int = 0) -> dict:
     """Read, clean and split a treebank, write each split's files (module docstring) and
     `corpus.json` (counts and settings); returns what it wrote there. With slots="words" and
     `target_words` > 0, only the training set's `target_words` commonest words are written in
-    the targets, others as XX."""
+    the targets, others as XX. With `signatures` > 0 (not in the paper) each split also gets
+    `SPLIT.src`, the source with the words seen fewer than `signatures` times in training
+    written as their signatures (aiayn/parsing/signatures.py), and XX in the targets; a word is
+    then in the vocabulary exactly when it was seen `signatures` times, which is what `aiayn
+    parse` asks (`model_inputs`). `vocabulary` in corpus.json counts the distinct tokens of
+    train.src and train.tree, plus the 4 specials."""
     from aiayn.parsing.linearize import linearize
+    from aiayn.parsing.signatures import replace_rare
     from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
 
     spec = splits or DEFAULT_SPLITS
     parts = split_treebank(read_treebank(treebank), spec)
     out = Path(out_dir)
-    known = known_words(parts["train"].trees, target_words) if "train" in parts else None
+    train = parts["train"].trees if "train" in parts else []
+    known = known_words(train, target_words) if train else None
+    if signatures > 0 and not train:
+        raise UserError("signatures need a train split: they are given to the words rarer there")
+    seen = Counter(w for t in train for w in t.leaves())
+    common = {w for w, n in seen.items() if n >= signatures}
+    if signatures > 0:  # a word the source writes as its signature is XX in the target, so the
+        known = common if known is None else known & common  # vocabulary never holds it
     info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots,
-                  "target_words": target_words, "counts": {}}
+                  "target_words": target_words, "signatures": signatures, "counts": {}}
     for name, split in parts.items():
         columns = {
             SOURCE: [" ".join(t.leaves()) for t in split.trees],
             TARGET: [" ".join(linearize(t, slots, known)) for t in split.trees],
             GOLD: [tree_line(t) for t in split.trees],
         }
+        if signatures > 0:
+            columns[MODEL_SOURCE] = [" ".join(replace_rare(t.leaves(), common)) for t in split.trees]
         for suffix, lines in columns.items():
             with atomic_write(out / f"{name}.{suffix}") as f:
                 f.write("".join(line + "\n" for line in lines))
@@ -83,7 +100,11 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
                                 "dropped_empty": split.dropped,
                                 "first_file": split.files[0], "last_file": split.files[-1]}
     if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
-        info["train_target_symbols"] = len({tok for t in parts["train"].trees for tok in linearize(t, slots, known)})
+        target = {tok for t in train for tok in linearize(t, slots, known)}
+        info["train_target_symbols"] = len(target)
+        if signatures > 0:
+            source = {w for t in train for w in replace_rare(t.leaves(), common)}
+            info["vocabulary"] = len(source | target) + 4
     with atomic_write(out / "corpus.json") as f:
         json.dump(info, f, indent=2)
     return info
