@@ -51,7 +51,7 @@ if [ "$VOCAB" = shared-words ]; then
   # XX already); a word is then the same id and embedding in the source and the target
   # (with signatures every training word left fits: the corpus counts them)
   WORDS=${WORD_VOCAB:-8000}
-  [ "$SIGNATURES" -gt 0 ] && WORDS=$(( WORDS < $(corpus_info vocabulary) ? WORDS : $(corpus_info vocabulary) ))
+  if [ "$SIGNATURES" -gt 0 ]; then FITS=$(corpus_info vocabulary); WORDS=$(( WORDS < FITS ? WORDS : FITS )); fi
   VOCAB_ARGS=(--model-type word --vocab-size "$WORDS")
 else
   # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree

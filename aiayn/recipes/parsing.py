@@ -49,11 +49,12 @@ SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also pre
 MODEL_SOURCE = "src"  # with signatures: the source as the model reads it (rare words as signatures)
 
 
-def known_words(trees: list, n: int) -> set[str] | None:
-    """The `n` commonest words of `trees` (ties broken by first occurrence); None for n = 0."""
+def known_words(seen: Counter, n: int) -> set[str] | None:
+    """The `n` commonest words of `seen` (word counts; ties broken by first occurrence); None
+    for n = 0."""
     if n <= 0:
         return None
-    return {w for w, _ in Counter(w for t in trees for w in t.leaves()).most_common(n)}
+    return {w for w, _ in seen.most_common(n)}
 
 
 def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
@@ -75,10 +76,10 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
     parts = split_treebank(read_treebank(treebank), spec)
     out = Path(out_dir)
     train = parts["train"].trees if "train" in parts else []
-    known = known_words(train, target_words) if train else None
     if signatures > 0 and not train:
         raise UserError("signatures need a train split: they are given to the words rarer there")
     seen = Counter(w for t in train for w in t.leaves())
+    known = known_words(seen, target_words) if train else None
     common = {w for w, n in seen.items() if n >= signatures}
     if signatures > 0:  # a word the source writes as its signature is XX in the target, so the
         known = common if known is None else known & common  # vocabulary never holds it
@@ -92,6 +93,8 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
         }
         if signatures > 0:
             columns[MODEL_SOURCE] = [" ".join(replace_rare(t.leaves(), common)) for t in split.trees]
+        if name == "train":
+            train_columns = columns
         for suffix, lines in columns.items():
             with atomic_write(out / f"{name}.{suffix}") as f:
                 f.write("".join(line + "\n" for line in lines))
@@ -100,10 +103,10 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
                                 "dropped_empty": split.dropped,
                                 "first_file": split.files[0], "last_file": split.files[-1]}
     if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
-        target = {tok for t in train for tok in linearize(t, slots, known)}
+        target = {tok for line in train_columns[TARGET] for tok in line.split()}
         info["train_target_symbols"] = len(target)
         if signatures > 0:
-            source = {w for t in train for w in replace_rare(t.leaves(), common)}
+            source = {w for line in train_columns[MODEL_SOURCE] for w in line.split()}
             info["vocabulary"] = len(source | target) + 4
     with atomic_write(out / "corpus.json") as f:
         json.dump(info, f, indent=2)
