@@ -2,16 +2,18 @@
 
 The recipe, with the setting chosen on dev (docs/parsing.md; scripts/parsing.sh runs it):
 
-    aiayn treebank --treebank treebank.zip --out corpus --slots words   # clean, split, linearize
-    aiayn prepare --src-lang words --tgt-lang tree --train corpus/train --valid corpus/valid \\
-        --test corpus/test --model-type word --vocab-size 8000 ...   # one word vocabulary
-    aiayn train --preset parsing-small ...; aiayn average ...
+    aiayn treebank --treebank treebank.zip --out corpus --slots words --signatures 3
+    aiayn prepare --src-lang src --tgt-lang tree --train corpus/train --valid corpus/valid \\
+        --test corpus/test --model-type word --vocab-size V ...   # one word vocabulary
+    aiayn train --preset parsing-small-wd ...; aiayn average ...
     aiayn parse --model M --input corpus/test.words --output test.trees --constrained
     aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold # EVALB, COLLINS.prm
 
-`write_corpus` writes, per split, `SPLIT.words` (the sentence, words separated by spaces: the
-source), `SPLIT.tree` (the linearized tree: the target) and `SPLIT.gold` (the cleaned tree on one
-line, for scoring), line-aligned.
+V is the number of training words left, `corpus.json`'s "vocabulary". `write_corpus` writes, per
+split, `SPLIT.words` (the sentence, words separated by spaces), `SPLIT.tree` (the linearized
+tree: the target) and `SPLIT.gold` (the cleaned tree on one line, for scoring), line-aligned, and
+with signatures `SPLIT.src` (the source as the model reads it; `aiayn parse` maps a sentence's
+words the same way, so it takes `SPLIT.words`).
 """
 
 from __future__ import annotations
@@ -35,14 +37,20 @@ PARSING = PAPER_PRESETS["parsing"]
 PARSING_CPU = replace(PARSING, n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3,
                       warmup_steps=500, max_tokens=2048, lr_cooldown=0.2)
 
-# `parsing-small`: the preset chosen on dev (docs/parsing.md, runs e7-e12) and the recipe's
-# default: half the width, and pre-norm (the post-norm encoder collapses to one vector).
-# scripts/parsing.sh pairs it with the words in the target and tree-constrained decoding.
+# `parsing-small`: chosen on dev in runs e7-e12 (docs/parsing.md): half the width, and pre-norm
+# (the post-norm encoder collapses to one vector).
 PARSING_SMALL = replace(PARSING_CPU, d_model=128, d_ff=512, norm="pre")
+
+# `parsing-small-wd`: `parsing-small` reading each source token as UNK with probability 0.1 in
+# training (runs e15, e16), so that the rare words it sees as signatures are not its only UNKs.
+# The recipe's default since e16; scripts/parsing.sh pairs it with the words in the target, rare
+# source words as signatures (SIGNATURES=3) and tree-constrained decoding.
+PARSING_SMALL_WD = replace(PARSING_SMALL, p_word_drop=0.1)
 
 PRESETS = {
     "parsing-cpu": PARSING_CPU,
     "parsing-small": PARSING_SMALL,
+    "parsing-small-wd": PARSING_SMALL_WD,
 }
 
 SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also prepare's "languages"
