@@ -45,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ratio", type=float, default=9.0,
                    help="drop training pairs whose longer side has more than this many times the "
                         "tokens of the shorter (0: no limit; default 9)")
-    p.add_argument("--vocab-sample", type=int, default=1_000_000, metavar="N",
+    p.add_argument("--vocab-sample", type=int, default=None, metavar="N",
                    help="learn the vocabulary from a seeded random sample of N training pairs "
-                        "(default 1000000; 0: from every pair). Corpora of at most N pairs are "
+                        "(default 500000; 0: from every pair). Corpora of at most N pairs are "
                         "learned from whole")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="encoding processes (default: one per CPU core)")
@@ -67,7 +67,9 @@ def main(args: argparse.Namespace) -> int:
         src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
         separate_vocab=args.separate_vocab, model_type=args.model_type,
         tgt_model_type=args.tgt_model_type, tgt_vocab_size=args.tgt_vocab_size, max_len=args.max_len,
-        max_ratio=args.max_ratio, vocab_sample=args.vocab_sample,
+        max_ratio=args.max_ratio,
+        # unset: PrepareOptions' default, whose reasons are written there
+        **({} if args.vocab_sample is None else {"vocab_sample": args.vocab_sample}),
     )
     options.check()
     splits = {"train": find_parallel(args.train, args.src_lang, args.tgt_lang)}

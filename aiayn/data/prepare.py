@@ -94,9 +94,10 @@ class PrepareOptions:
     byte_fallback: bool | None = None  # None: the tokenizer's default for model_type
     character_coverage: float = 1.0
     # training pairs the vocabulary is learned from, a seeded uniform sample (0: every pair).
-    # Sentencepiece's BPE time and memory grow with its input; a million pairs (two million
-    # sentences) cover the words of WMT 2014 EN-DE that matter for a 37,000-piece vocabulary.
-    vocab_sample: int = 1_000_000
+    # Sentencepiece's BPE time and memory grow with its input: on text as varied as WMT's, a
+    # 37,000-piece vocabulary learned from 1M pairs peaked at 2.87 GB, from 500,000 pairs (a
+    # million sentences) at 1.87 GB (docs/wmt.md).
+    vocab_sample: int = 500_000
 
     def check(self) -> None:
         if self.vocab_size < 5:
