@@ -8,10 +8,12 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
 - the peer: the same command from another revision (`--peer-ref`, default `PEER_REF`, the last
   one whose prepare held the whole corpus in memory) on the sizes given by `--peer-sizes`;
 - training start-up on the prepared dataset: `aiayn train` of a one-layer model for one update,
-  wall time and peak RSS, and, in a probe process, what opening the dataset and planning the
-  first epoch's batches cost (seconds, and peak bytes traced by tracemalloc), this tree's
-  `TokenBatchSampler` against the peer revision's.
-- with `--zipf-pairs N` (default 1M, the default `--vocab-sample`): the vocabulary stage alone
+  wall time, peak RSS and peak anonymous RSS (RSS less the mapped dataset files), and, in a
+  probe process, what opening the dataset and planning the first epoch's batches cost (seconds,
+  and peak bytes traced by tracemalloc), this tree's `TokenBatchSampler` against the peer
+  revision's; with `--startup-peer-ref REF`, the same `aiayn train` from revision REF on the same
+  dataset, right after this tree's.
+- with `--zipf-pairs N` (default 500,000, the default `--vocab-sample`): the vocabulary stage alone
   on N synthetic pairs whose words follow Zipf's law over a million word types (WMT 2014 EN-DE
   has about that many per language), 37,000 pieces: what learning the vocabulary costs on text
   as varied as WMT's, which resampled Multi30k is not.
@@ -73,14 +75,28 @@ def make_corpus(root: Path, n: int, source: Path, seed: int = 0) -> Path:
     return prefix
 
 
+def anonymous_rss(pid: int) -> int:
+    """Bytes of anonymous memory resident for `pid` (RssAnon in /proc/PID/status; 0 if unread)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 class TreeMemory:
-    """Samples a process tree every `interval` seconds: peak total PSS and peak RSS of the root."""
+    """Samples a process tree every `interval` seconds: peak total PSS, and peak RSS and peak
+    anonymous RSS of the root. The anonymous part is what the process allocated; the rest of its
+    RSS is file pages it maps (a dataset's memory-mapped shards), which the kernel can drop."""
 
     def __init__(self, pid: int, interval: float = 0.25):
         import psutil
 
         self.root = psutil.Process(pid)
-        self.peak_pss = self.peak_rss = 0
+        self.peak_pss = self.peak_rss = self.peak_anon = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
         self._thread.start()
@@ -99,6 +115,7 @@ class TreeMemory:
                         pass
                 self.peak_pss = max(self.peak_pss, pss)
                 self.peak_rss = max(self.peak_rss, self.root.memory_info().rss)
+                self.peak_anon = max(self.peak_anon, anonymous_rss(self.root.pid))
             except psutil.NoSuchProcess:
                 return
             self._stop.wait(interval)
@@ -125,7 +142,7 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log}")
     return {"seconds": wall, "peak_tree_pss_gb": mem.peak_pss / 1e9, "peak_main_rss_gb": mem.peak_rss / 1e9,
-            "log": stamped}
+            "peak_main_anon_gb": mem.peak_anon / 1e9, "log": stamped}
 
 
 def stage_times(stamped: list[tuple[float, str]], wall: float) -> dict:
@@ -243,8 +260,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="--workers for this tree's prepare")
     ap.add_argument("--multi30k", default=None, help="directory with train.{en,de}.gz, val.* "
                     "(default: the shared data beside the repository)")
-    ap.add_argument("--zipf-pairs", type=int, default=1_000_000,
+    ap.add_argument("--zipf-pairs", type=int, default=500_000,
                     help="pairs for the vocabulary stage on Zipfian text (0: skip)")
+    ap.add_argument("--startup-peer-ref", default=None, metavar="REF",
+                    help="also time training start-up from revision REF on the same datasets")
     ap.add_argument("--json", default=None, help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the corpora and datasets")
     args = ap.parse_args()
@@ -259,6 +278,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         peer = peer_tree(args.peer_ref, Path(tmp) / "peer")
         peer_env = {**os.environ, "PYTHONPATH": str(peer)}
+        if args.startup_peer_ref:
+            startup_env = {**os.environ,
+                           "PYTHONPATH": str(peer_tree(args.startup_peer_ref, Path(tmp) / "startup-peer"))}
         try:
             for n in args.sizes:
                 prefix = make_corpus(root / f"corpus-{n}", n, MULTI30K)
@@ -279,13 +301,22 @@ def main() -> int:
                     print(f"{'':>10}  peer ({args.peer_ref}): {r['seconds']:.0f} s, tree {r['peak_tree_pss_gb']:.2f} GB",
                           flush=True)
                 row["train_startup"] = train_startup(ds, root / f"run-{n}", env, root / f"train-{n}.log")
+                if args.startup_peer_ref:
+                    row["peer_train_startup"] = train_startup(ds, root / f"peer-run-{n}", startup_env,
+                                                              root / f"peer-train-{n}.log")
+                    shutil.rmtree(root / f"peer-run-{n}", ignore_errors=True)
+                    print(f"{'':>10}  train start-up at {args.startup_peer_ref}: "
+                          f"{row['peer_train_startup']['seconds']:.1f} s, peak RSS "
+                          f"{row['peer_train_startup']['peak_main_rss_gb']:.2f} GB (anonymous "
+                          f"{row['peer_train_startup']['peak_main_anon_gb']:.2f})", flush=True)
                 probe = subprocess.run([sys.executable, "-c", PROBE, str(ROOT), str(ds), str(peer)],
                                        capture_output=True, text=True, env=env)
                 if probe.returncode != 0:
                     raise SystemExit(f"the start-up probe failed:\n{probe.stderr}")
                 row["probe"] = json.loads(probe.stdout)
                 print(f"{'':>10}  train start-up {row['train_startup']['seconds']:.1f} s, peak RSS "
-                      f"{row['train_startup']['peak_main_rss_gb']:.2f} GB; probe {row['probe']}", flush=True)
+                      f"{row['train_startup']['peak_main_rss_gb']:.2f} GB (anonymous "
+                      f"{row['train_startup']['peak_main_anon_gb']:.2f}); probe {row['probe']}", flush=True)
                 results["sizes"][n] = row
                 shutil.rmtree(root / f"run-{n}", ignore_errors=True)
             if args.zipf_pairs:
@@ -315,17 +346,20 @@ def machine() -> str:
 def report(results: dict, peer_ref: str) -> None:
     print(f"\nmachine: {results['machine']}")
     print("| pairs | prepare s | s per M pairs | check / vocab / encode s | tree PSS GB | main RSS GB | "
-          f"peer ({peer_ref}) s / GB | train start-up s / GB | sampler s / peak MB (peer) |")
+          f"peer ({peer_ref}) s / GB | train start-up s / RSS GB / anonymous GB (peer) | sampler s / peak MB (peer) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n, row in results["sizes"].items():
         p, st = row["prepare"], row["prepare"]["stages"]
         peer = row.get("peer_prepare")
         ps = f"{peer['seconds']:.0f} / {peer['peak_tree_pss_gb']:.2f}" if peer else "-"
         pr = row["probe"]
+        sp = row.get("peer_train_startup")
+        sp = f" ({sp['seconds']:.1f} / {sp['peak_main_rss_gb']:.2f} / {sp['peak_main_anon_gb']:.2f})" if sp else ""
         print(f"| {int(n):,} | {p['seconds']:.0f} | {p['seconds'] / (int(n) / 1e6):.0f} | "
               f"{st.get('check', 0):.0f} / {st.get('vocab', 0):.0f} / {st.get('encode', 0):.0f} | "
               f"{p['peak_tree_pss_gb']:.2f} | {p['peak_main_rss_gb']:.2f} | {ps} | "
-              f"{row['train_startup']['seconds']:.1f} / {row['train_startup']['peak_main_rss_gb']:.2f} | "
+              f"{row['train_startup']['seconds']:.1f} / {row['train_startup']['peak_main_rss_gb']:.2f} / "
+              f"{row['train_startup']['peak_main_anon_gb']:.2f}{sp} | "
               f"{pr['this']['sampler_s']:.2f} / {pr['this']['sampler_peak_mb']:.0f} "
               f"({pr['peer']['sampler_s']:.2f} / {pr['peer']['sampler_peak_mb']:.0f}) |")
 
