@@ -9,6 +9,10 @@ planning and for collating, and, with `--step-preset`, that cost as a share of o
 
     .venv/bin/python benchmarks/bench_batching.py --step-preset multi30k --max-tokens 4096
     .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
+    .venv/bin/python benchmarks/bench_batching.py --order-only --pairs 10000000   # the epoch sort
+
+`--order-only` times just the sort that orders an epoch's pairs by length, on the sort keys as
+they are (int32) and as `dense_ranks` holds them (uint16), checking that both give one order.
 """
 
 from __future__ import annotations
@@ -22,19 +26,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
+from aiayn.data.batching import (TokenBatchSampler, collate, dense_ranks, length_order,  # noqa: E402
+                                 sort_key)
 
 
 class SyntheticDataset:
     """Random ids in ParallelDataset's layout: `{side}_ids` concatenated, `{side}_offsets`."""
 
-    def __init__(self, n: int, lo: int, hi: int, vocab: int, seed: int):
+    def __init__(self, n: int, lo: int, hi: int, vocab: int, seed: int, ids: bool = True):
         rng = np.random.default_rng(seed)
         self.src_lengths = rng.integers(lo, hi + 1, n)
         # Target lengths track the source, as in translation (German ~ English + 10%).
         ratio = rng.normal(1.1, 0.15, n)
         self.tgt_lengths = np.clip(np.round(self.src_lengths * ratio), 1, None).astype(np.int64)
-        for side in ("src", "tgt"):
+        for side in ("src", "tgt") if ids else ():
             lengths = getattr(self, f"{side}_lengths")
             setattr(self, f"{side}_ids", rng.integers(4, vocab, int(lengths.sum())).astype(np.uint16))
             offsets = np.zeros(n + 1, np.int64)
@@ -61,6 +66,8 @@ def main() -> int:
     p.add_argument("--step-preset", help="also time training steps of this preset (e.g. multi30k) "
                    "and print batching's share of a step")
     p.add_argument("--steps", type=int, default=5, help="training steps timed (default 5)")
+    p.add_argument("--order-only", action="store_true",
+                   help="time only the epoch's length sort: raw keys against dense uint16 ranks")
     args = p.parse_args()
 
     if args.data:
@@ -69,8 +76,11 @@ def main() -> int:
         ds = ParallelDataset(args.data, args.split)
         print(f"dataset: {args.data} [{args.split}], {len(ds)} pairs")
     else:
-        ds = SyntheticDataset(args.pairs, args.min_len, args.max_len, 8000, args.seed)
+        ds = SyntheticDataset(args.pairs, args.min_len, args.max_len, 8000, args.seed,
+                              ids=not args.order_only)
         print(f"dataset: synthetic, {len(ds)} pairs, source lengths {args.min_len}-{args.max_len}")
+    if args.order_only:
+        return time_order(ds.src_lengths, ds.tgt_lengths, args.epochs, args.seed)
     src_tokens, tgt_tokens = int(ds.src_lengths.sum()), int(ds.tgt_lengths.sum())
     print(f"tokens: {src_tokens} source, {tgt_tokens} target (without EOS/BOS)")
     print(f"{'max_tokens':>10} {'batches':>8} {'pairs/b':>8} {'padding':>8} {'init ms':>8} "
@@ -100,6 +110,26 @@ def main() -> int:
             print(f"{'':>10} training step of {args.step_preset}: {step_ms:.1f} ms; batching is "
                   f"{100 * (plan_ms + coll_ms) / step_ms:.3f}% of a step")
     return 0
+
+
+def time_order(src: np.ndarray, tgt: np.ndarray, epochs: int, seed: int) -> int:
+    """Best-of-`epochs` seconds of `length_order` on the raw keys and on their dense ranks."""
+    key = sort_key(src, tgt)[1]
+    t0 = time.perf_counter()
+    ranks = dense_ranks(key)
+    rank_s = time.perf_counter() - t0
+    best = {}
+    for name, k in ((f"{key.dtype} keys", key), (f"{ranks.dtype} ranks", ranks)):
+        for epoch in range(epochs):
+            t0 = time.perf_counter()
+            order = length_order(k, np.random.default_rng([seed, epoch]))
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+        best[name + " order"] = order
+    a, b = (n for n in best if not n.endswith("order"))
+    same = np.array_equal(best[a + " order"], best[b + " order"])
+    print(f"epoch sort of {len(key):,} pairs: {a} {best[a]:.2f} s, {b} {best[b]:.2f} s "
+          f"(ranks built once in {rank_s:.2f} s); ratio {best[a] / best[b]:.2f}x; same order: {same}")
+    return 0 if same else 1
 
 
 def time_training_step(preset: str, ds, batches, steps: int) -> float:

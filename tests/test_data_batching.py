@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, length_batches, pad_rows,
-                                 split_for_ranks)
+from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, dense_ranks, length_batches,
+                                 length_order, pad_rows, sort_key, split_for_ranks)
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import UserError
 
@@ -160,6 +160,24 @@ def test_unshuffled_is_sorted_and_seed_free():
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
     widths = [np.maximum(src[x], tgt[x]).max() for x in a]
     assert widths == sorted(widths)
+
+
+def test_dense_ranks_keep_the_order_of_the_keys():
+    src, tgt = lengths(3000, lo=0, hi=200)
+    key = sort_key(src, tgt)[1]
+    ranks = dense_ranks(key)
+    assert ranks.dtype == np.uint16 and int(ranks.max()) == len(np.unique(key)) - 1
+    # the same order, ties included: the shuffled epoch order is the one the raw keys give
+    assert np.array_equal(np.sign(np.diff(ranks.astype(np.int64))), np.sign(np.diff(key.astype(np.int64))))
+    for seed in range(3):
+        assert np.array_equal(length_order(ranks, np.random.default_rng(seed)),
+                              length_order(key, np.random.default_rng(seed)))
+    # keys too large for a bin per value, or too varied for uint16, are used as they are
+    wide = np.array([0, 5, 1 << 23], np.int64)
+    assert dense_ranks(wide) is wide
+    varied = np.arange(70_000, dtype=np.int64)[::-1]
+    assert dense_ranks(varied) is varied
+    assert len(dense_ranks(np.zeros(0, np.int64))) == 0
 
 
 def test_padding_fraction_matches_direct_count():

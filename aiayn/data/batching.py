@@ -70,6 +70,20 @@ def sort_key(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> tuple[np.ndarr
     return k, key
 
 
+def dense_ranks(key: np.ndarray) -> np.ndarray:
+    """`key` (non-negative integers, `sort_key`'s) as each value's rank among the distinct values:
+    the same order, held as uint16 when there are at most 65,536 distinct values (a few hundred
+    or thousand in practice), for which numpy's stable sort is a radix sort, so `length_order`
+    runs faster every epoch (`benchmarks/bench_batching.py --order-only`; docs/wmt.md). Keys too
+    large or too varied for that come back unchanged."""
+    if len(key) == 0 or int(key.max()) >= 1 << 22:  # np.bincount would allocate a bin per value
+        return key
+    present = np.bincount(key) > 0
+    if int(present.sum()) > 1 << 16:
+        return key
+    return (np.cumsum(present) - 1).astype(np.uint16)[key]
+
+
 def length_order(key: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
     """Indices sorted by `key` (`sort_key`); ties in random order (by index when `rng` is None)."""
     perm = rng.permutation(len(key)) if rng is not None else np.arange(len(key))
@@ -171,7 +185,8 @@ class TokenBatchSampler:
         self.rank, self.world_size = rank, world_size
         self.epoch, self.position = int(epoch), 0
         self.pad_multiple = int(pad_multiple)
-        k, self.key = sort_key(src, tgt)
+        k, key = sort_key(src, tgt)
+        self.key = dense_ranks(key)  # the same order, sorted faster every epoch
         widths = round_up(k, self.pad_multiple) if self.pad_multiple > 1 else k
         too_big = np.flatnonzero(widths > self.max_tokens)
         if len(too_big) and not allow_oversize:
