@@ -118,17 +118,16 @@ def time_order(src: np.ndarray, tgt: np.ndarray, epochs: int, seed: int) -> int:
     t0 = time.perf_counter()
     ranks = dense_ranks(key)
     rank_s = time.perf_counter() - t0
-    best = {}
+    seconds, orders = {}, {}
     for name, k in ((f"{key.dtype} keys", key), (f"{ranks.dtype} ranks", ranks)):
         for epoch in range(epochs):
             t0 = time.perf_counter()
-            order = length_order(k, np.random.default_rng([seed, epoch]))
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
-        best[name + " order"] = order
-    a, b = (n for n in best if not n.endswith("order"))
-    same = np.array_equal(best[a + " order"], best[b + " order"])
-    print(f"epoch sort of {len(key):,} pairs: {a} {best[a]:.2f} s, {b} {best[b]:.2f} s "
-          f"(ranks built once in {rank_s:.2f} s); ratio {best[a] / best[b]:.2f}x; same order: {same}")
+            orders[name] = length_order(k, np.random.default_rng([seed, epoch]))
+            seconds[name] = min(seconds.get(name, float("inf")), time.perf_counter() - t0)
+    (a, first), (b, second) = orders.items()
+    same = np.array_equal(first, second)
+    print(f"epoch sort of {len(key):,} pairs: {a} {seconds[a]:.2f} s, {b} {seconds[b]:.2f} s "
+          f"(ranks built once in {rank_s:.2f} s); ratio {seconds[a] / seconds[b]:.2f}x; same order: {same}")
     return 0 if same else 1
 
 

@@ -11,8 +11,7 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
   wall time, peak RSS and peak anonymous RSS (RSS less the mapped dataset files), and, in a
   probe process, what opening the dataset and planning the first epoch's batches cost (seconds,
   and peak bytes traced by tracemalloc), this tree's `TokenBatchSampler` against the peer
-  revision's; with `--startup-peer-ref REF`, the same `aiayn train` from revision REF on the same
-  dataset, right after this tree's.
+  revision's.
 - with `--zipf-pairs N` (default 500,000, the default `--vocab-sample`): the vocabulary stage alone
   on N synthetic pairs whose words follow Zipf's law over a million word types (WMT 2014 EN-DE
   has about that many per language), 37,000 pieces: what learning the vocabulary costs on text
@@ -262,8 +261,6 @@ def main() -> int:
                     "(default: the shared data beside the repository)")
     ap.add_argument("--zipf-pairs", type=int, default=500_000,
                     help="pairs for the vocabulary stage on Zipfian text (0: skip)")
-    ap.add_argument("--startup-peer-ref", default=None, metavar="REF",
-                    help="also time training start-up from revision REF on the same datasets")
     ap.add_argument("--json", default=None, help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the corpora and datasets")
     args = ap.parse_args()
@@ -278,9 +275,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         peer = peer_tree(args.peer_ref, Path(tmp) / "peer")
         peer_env = {**os.environ, "PYTHONPATH": str(peer)}
-        if args.startup_peer_ref:
-            startup_env = {**os.environ,
-                           "PYTHONPATH": str(peer_tree(args.startup_peer_ref, Path(tmp) / "startup-peer"))}
         try:
             for n in args.sizes:
                 prefix = make_corpus(root / f"corpus-{n}", n, MULTI30K)
@@ -301,14 +295,6 @@ def main() -> int:
                     print(f"{'':>10}  peer ({args.peer_ref}): {r['seconds']:.0f} s, tree {r['peak_tree_pss_gb']:.2f} GB",
                           flush=True)
                 row["train_startup"] = train_startup(ds, root / f"run-{n}", env, root / f"train-{n}.log")
-                if args.startup_peer_ref:
-                    row["peer_train_startup"] = train_startup(ds, root / f"peer-run-{n}", startup_env,
-                                                              root / f"peer-train-{n}.log")
-                    shutil.rmtree(root / f"peer-run-{n}", ignore_errors=True)
-                    print(f"{'':>10}  train start-up at {args.startup_peer_ref}: "
-                          f"{row['peer_train_startup']['seconds']:.1f} s, peak RSS "
-                          f"{row['peer_train_startup']['peak_main_rss_gb']:.2f} GB (anonymous "
-                          f"{row['peer_train_startup']['peak_main_anon_gb']:.2f})", flush=True)
                 probe = subprocess.run([sys.executable, "-c", PROBE, str(ROOT), str(ds), str(peer)],
                                        capture_output=True, text=True, env=env)
                 if probe.returncode != 0:
@@ -346,20 +332,18 @@ def machine() -> str:
 def report(results: dict, peer_ref: str) -> None:
     print(f"\nmachine: {results['machine']}")
     print("| pairs | prepare s | s per M pairs | check / vocab / encode s | tree PSS GB | main RSS GB | "
-          f"peer ({peer_ref}) s / GB | train start-up s / RSS GB / anonymous GB (peer) | sampler s / peak MB (peer) |")
+          f"peer ({peer_ref}) s / GB | train start-up s / RSS GB / anonymous GB | sampler s / peak MB (peer) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n, row in results["sizes"].items():
         p, st = row["prepare"], row["prepare"]["stages"]
         peer = row.get("peer_prepare")
         ps = f"{peer['seconds']:.0f} / {peer['peak_tree_pss_gb']:.2f}" if peer else "-"
         pr = row["probe"]
-        sp = row.get("peer_train_startup")
-        sp = f" ({sp['seconds']:.1f} / {sp['peak_main_rss_gb']:.2f} / {sp['peak_main_anon_gb']:.2f})" if sp else ""
         print(f"| {int(n):,} | {p['seconds']:.0f} | {p['seconds'] / (int(n) / 1e6):.0f} | "
               f"{st.get('check', 0):.0f} / {st.get('vocab', 0):.0f} / {st.get('encode', 0):.0f} | "
               f"{p['peak_tree_pss_gb']:.2f} | {p['peak_main_rss_gb']:.2f} | {ps} | "
               f"{row['train_startup']['seconds']:.1f} / {row['train_startup']['peak_main_rss_gb']:.2f} / "
-              f"{row['train_startup']['peak_main_anon_gb']:.2f}{sp} | "
+              f"{row['train_startup']['peak_main_anon_gb']:.2f} | "
               f"{pr['this']['sampler_s']:.2f} / {pr['this']['sampler_peak_mb']:.0f} "
               f"({pr['peer']['sampler_s']:.2f} / {pr['peer']['sampler_peak_mb']:.0f}) |")
 

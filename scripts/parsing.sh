@@ -14,11 +14,11 @@
 # XX) with one word vocabulary for both sides (VOCAB=shared-words), source words seen under 3
 # times in training written as their signatures (SIGNATURES=3; 0 keeps every word), and
 # tree-constrained beam search (CONSTRAINED=1, `aiayn parse --constrained`); none of these is in
-# the paper. SLOTS=xx|tags,
-# VOCAB=separate (a BPE source, one target id per tree symbol), SIGNATURES=0, CONSTRAINED=0 and
-# PRESET=parsing-cpu give back the paper's choices. TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and
-# PARSE_ARGS go to `aiayn treebank`, `prepare`, `train` and `parse`; EVAL_SPLITS (default "valid
-# test") says which splits to parse and score. A killed run resumes.
+# the paper. SLOTS=xx|tags, VOCAB=separate (a BPE source, one target id per tree symbol),
+# SIGNATURES=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
+# TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`,
+# `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
+# A killed run resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SETUP:-1}" = 1 ] && bash scripts/setup.sh

@@ -92,9 +92,9 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
         raise UserError("signatures need a train split: they are given to the words rarer there")
     seen = Counter(w for t in train for w in t.leaves())
     known = known_words(seen, target_words) if train else None
-    common = {w for w, n in seen.items() if n >= signatures}
     if signatures > 0:  # a word the source writes as its signature is XX in the target, so the
-        known = common if known is None else known & common  # vocabulary never holds it
+        common = {w for w, n in seen.items() if n >= signatures}  # vocabulary never holds it
+        known = common if known is None else known & common
     info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots,
                   "target_words": target_words, "signatures": signatures, "counts": {}}
     for name, split in parts.items():
