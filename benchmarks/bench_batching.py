@@ -9,10 +9,13 @@ planning and for collating, and, with `--step-preset`, that cost as a share of o
 
     .venv/bin/python benchmarks/bench_batching.py --step-preset multi30k --max-tokens 4096
     .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
-    .venv/bin/python benchmarks/bench_batching.py --order-only --pairs 10000000   # the epoch sort
+    .venv/bin/python benchmarks/bench_batching.py --plan-only --pairs 10000000   # start-up at scale
 
-`--order-only` times just the sort that orders an epoch's pairs by length, on the sort keys as
-they are (int32) and as `dense_ranks` holds them (uint16), checking that both give one order.
+`--plan-only` times the sampler alone (no ids), this tree's against a peer revision's
+(`--peer-ref`, default the last one that planned a whole epoch before its first batch): building
+it, its first batch (what training start-up waits for), and a whole epoch, with the peak memory
+tracemalloc traces; it checks that both cut the same batches (the same boundaries, the same
+number per epoch).
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiayn.data.batching import (TokenBatchSampler, collate, dense_ranks, length_order,  # noqa: E402
-                                 sort_key)
+from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# the last revision whose sampler sorted every pair for an epoch's plan before its first batch
+PEER_REF = "3f363f4"
 
 
 class SyntheticDataset:
@@ -66,8 +72,9 @@ def main() -> int:
     p.add_argument("--step-preset", help="also time training steps of this preset (e.g. multi30k) "
                    "and print batching's share of a step")
     p.add_argument("--steps", type=int, default=5, help="training steps timed (default 5)")
-    p.add_argument("--order-only", action="store_true",
-                   help="time only the epoch's length sort: raw keys against dense uint16 ranks")
+    p.add_argument("--plan-only", action="store_true",
+                   help="time only the sampler (start-up, first batch, epoch), against --peer-ref")
+    p.add_argument("--peer-ref", default=PEER_REF, help=f"git revision of the peer sampler (default {PEER_REF})")
     args = p.parse_args()
 
     if args.data:
@@ -77,10 +84,11 @@ def main() -> int:
         print(f"dataset: {args.data} [{args.split}], {len(ds)} pairs")
     else:
         ds = SyntheticDataset(args.pairs, args.min_len, args.max_len, 8000, args.seed,
-                              ids=not args.order_only)
+                              ids=not args.plan_only)
         print(f"dataset: synthetic, {len(ds)} pairs, source lengths {args.min_len}-{args.max_len}")
-    if args.order_only:
-        return time_order(ds.src_lengths, ds.tgt_lengths, args.epochs, args.seed)
+    if args.plan_only:
+        return time_plans(ds.src_lengths.astype(np.int32), ds.tgt_lengths.astype(np.int32),
+                          args.max_tokens, args.peer_ref, args.seed)
     src_tokens, tgt_tokens = int(ds.src_lengths.sum()), int(ds.tgt_lengths.sum())
     print(f"tokens: {src_tokens} source, {tgt_tokens} target (without EOS/BOS)")
     print(f"{'max_tokens':>10} {'batches':>8} {'pairs/b':>8} {'padding':>8} {'init ms':>8} "
@@ -112,22 +120,54 @@ def main() -> int:
     return 0
 
 
-def time_order(src: np.ndarray, tgt: np.ndarray, epochs: int, seed: int) -> int:
-    """Best-of-`epochs` seconds of `length_order` on the raw keys and on their dense ranks."""
-    key = sort_key(src, tgt)[1]
-    t0 = time.perf_counter()
-    ranks = dense_ranks(key)
-    rank_s = time.perf_counter() - t0
-    seconds, orders = {}, {}
-    for name, k in ((f"{key.dtype} keys", key), (f"{ranks.dtype} ranks", ranks)):
-        for epoch in range(epochs):
+def peer_module(ref: str):
+    """aiayn/data/batching.py as it was at git revision `ref`, imported under its own name."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:aiayn/data/batching.py"],
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "batching_peer.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("batching_peer", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_plans(src: np.ndarray, tgt: np.ndarray, budgets: list[int], peer_ref: str, seed: int) -> int:
+    """Sampler start-up (build + first batch), and a whole epoch, this tree's against the peer's."""
+    import tracemalloc
+
+    peer = peer_module(peer_ref)
+    print(f"{'max_tokens':>10} {'sampler':>13} {'batches':>8} {'build s':>8} {'1st batch s':>12} "
+          f"{'start-up s':>11} {'peak MB':>8} {'epoch s':>8}")
+    same = True
+    for max_tokens in budgets:
+        row = {}
+        for name, cls in (("this", TokenBatchSampler), (f"peer {peer_ref}", peer.TokenBatchSampler)):
+            tracemalloc.start()  # a pass for memory alone: tracing slows Python-level work
+            next(iter(cls(src, tgt, max_tokens, seed=seed)))
+            peak = tracemalloc.get_traced_memory()[1] / 1e6
+            tracemalloc.stop()
             t0 = time.perf_counter()
-            orders[name] = length_order(k, np.random.default_rng([seed, epoch]))
-            seconds[name] = min(seconds.get(name, float("inf")), time.perf_counter() - t0)
-    (a, first), (b, second) = orders.items()
-    same = np.array_equal(first, second)
-    print(f"epoch sort of {len(key):,} pairs: {a} {seconds[a]:.2f} s, {b} {seconds[b]:.2f} s "
-          f"(ranks built once in {rank_s:.2f} s); ratio {seconds[a] / seconds[b]:.2f}x; same order: {same}")
+            sampler = cls(src, tgt, max_tokens, seed=seed)
+            t1 = time.perf_counter()
+            next(iter(sampler))
+            t2 = time.perf_counter()
+            sampler.set_epoch(1)
+            t3 = time.perf_counter()
+            n = sum(1 for _ in sampler)
+            epoch = time.perf_counter() - t3
+            row[name] = (t2 - t0, sampler.bounds)
+            print(f"{max_tokens:>10} {name:>13} {n:>8} {t1 - t0:>8.2f} {t2 - t1:>12.3f} {t2 - t0:>11.2f} "
+                  f"{peak:>8.0f} {epoch:>8.2f}")
+            del sampler
+        (a, (ta, ba)), (b, (tb, bb)) = row.items()
+        same &= bool(np.array_equal(ba, bb))
+        print(f"{'':>10} start-up: {b} / {a} = {tb / ta:.1f}x; same batch boundaries: {np.array_equal(ba, bb)}")
     return 0 if same else 1
 
 

@@ -9,9 +9,8 @@ pairs by default; WMT 2014 EN-DE has 4.5M), outside the repository, then for eac
   one whose prepare held the whole corpus in memory) on the sizes given by `--peer-sizes`;
 - training start-up on the prepared dataset: `aiayn train` of a one-layer model for one update,
   wall time, peak RSS and peak anonymous RSS (RSS less the mapped dataset files), and, in a
-  probe process, what opening the dataset and planning the first epoch's batches cost (seconds,
-  and peak bytes traced by tracemalloc), this tree's `TokenBatchSampler` against the peer
-  revision's.
+  probe process, what opening the dataset and the sampler's first batch cost (seconds, and peak
+  bytes traced by tracemalloc), this tree's `TokenBatchSampler` against the peer revision's.
 - with `--zipf-pairs N` (default 500,000, the default `--vocab-sample`): the vocabulary stage alone
   on N synthetic pairs whose words follow Zipf's law over a million word types (WMT 2014 EN-DE
   has about that many per language), 37,000 pieces: what learning the vocabulary costs on text
@@ -188,9 +187,9 @@ for name, path in (("this", sys.argv[1]), ("peer", sys.argv[3])):
     base = tracemalloc.get_traced_memory()[0]
     t = time.perf_counter()
     s = mod.TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, 4096, seed=1)
-    first = s.epoch_batches()
+    first = next(iter(s))  # what training waits for before its first update
     out[name] = {"sampler_s": time.perf_counter() - t, "sampler_peak_mb": (tracemalloc.get_traced_memory()[1] - base) / 1e6,
-                 "held_mb": (tracemalloc.get_traced_memory()[0] - base) / 1e6, "batches": len(first)}
+                 "held_mb": (tracemalloc.get_traced_memory()[0] - base) / 1e6, "batches": len(s)}
     del s, first
 print(json.dumps(out))
 """

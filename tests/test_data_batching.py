@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, dense_ranks, length_batches,
-                                 length_order, pad_rows, sort_key, split_for_ranks)
+from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, length_batches, length_groups,
+                                 pad_rows, split_for_ranks)
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import UserError
 
@@ -23,6 +23,12 @@ def check_budget(batches, src, tgt, max_tokens):
     for b in batches:
         assert len(b) * (src[b].max() + 1) <= max_tokens  # padded source incl. EOS
         assert len(b) * (tgt[b].max() + 1) <= max_tokens  # padded target incl. BOS/EOS
+
+
+def runs(k_sorted):
+    """A sorted width per pair as (widths, ends) runs, the form cut_points takes."""
+    widths, counts = np.unique(k_sorted, return_counts=True)
+    return widths, np.cumsum(counts)
 
 
 def check_exactly_once(batches, n):
@@ -45,7 +51,7 @@ def test_batches_are_greedy_full():
     # Sorted by width, no batch could have taken the next pair of the sorted run.
     src, tgt = lengths(500, seed=1)
     k = np.sort(np.maximum(src, tgt) + 1)
-    b = cut_points(k, 300)
+    b = cut_points(*runs(k), 300)
     for j in range(len(b) - 2):
         size = b[j + 1] - b[j]
         assert size * k[b[j + 1] - 1] <= 300
@@ -55,8 +61,29 @@ def test_batches_are_greedy_full():
 def test_an_unbounded_budget_over_int32_widths_is_one_batch():
     # a dataset's lengths are int32; "no token limit" (translation by sentence count) is huge
     k = np.array([2, 3, 3, 7], np.int32)
-    assert cut_points(k, 2**63 - 1).tolist() == [0, 4]
-    assert cut_points(k, 2**63 - 1, max_sentences=3).tolist() == [0, 3, 4]
+    assert cut_points(*runs(k), 2**63 - 1).tolist() == [0, 4]
+    assert cut_points(*runs(k), 2**63 - 1, max_sentences=3).tolist() == [0, 3, 4]
+
+
+def greedy_cuts(k, max_tokens, max_sentences=None):
+    """The cutting rule pair by pair: a batch ends where one more pair would break a limit."""
+    starts, size, widest = [0], 0, 0
+    for i, w in enumerate(k):
+        if size and ((size + 1) * max(widest, w) > max_tokens or size == (max_sentences or size + 1)):
+            starts.append(i)
+            size, widest = 0, 0
+        size, widest = size + 1, max(widest, w)
+    return starts + [len(k)] if len(k) else [0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_cut_points_over_runs_equal_the_rule_pair_by_pair(seed):
+    # cut_points jumps over whole runs of full batches; the rule walked one pair at a time
+    rng = np.random.default_rng(seed)
+    k = np.sort(rng.integers(1, int(rng.integers(2, 80)), int(rng.integers(0, 400))))
+    max_tokens = int(rng.integers(1, 600))
+    max_sentences = None if seed % 2 else int(rng.integers(1, 30))
+    assert cut_points(*runs(k), max_tokens, max_sentences).tolist() == greedy_cuts(k, max_tokens, max_sentences)
 
 
 def test_same_seed_same_batches_different_seed_or_epoch_differs():
@@ -135,10 +162,10 @@ def test_rank_shards_disjoint_complete_equal(world_size):
 
 def test_split_for_ranks_splits_largest():
     k = np.array([2, 2, 2, 2, 3, 3, 3, 3, 3, 3], np.int64)
-    b = split_for_ranks(np.array([0, 4, 10]), k, 3)  # batch 1 (6 pairs x 3) is the largest
+    b = split_for_ranks(np.array([0, 4, 10]), *runs(k), 3)  # batch 1 (6 pairs x 3) is the largest
     assert b.tolist() == [0, 4, 7, 10]
     with pytest.raises(UserError, match="same number of batches"):
-        split_for_ranks(np.array([0, 1, 2, 3]), k[:3], 2)
+        split_for_ranks(np.array([0, 1, 2, 3]), *runs(k[:3]), 2)
 
 
 def test_oversize_pair_is_an_error_or_alone():
@@ -162,22 +189,20 @@ def test_unshuffled_is_sorted_and_seed_free():
     assert widths == sorted(widths)
 
 
-def test_dense_ranks_keep_the_order_of_the_keys():
-    src, tgt = lengths(3000, lo=0, hi=200)
-    key = sort_key(src, tgt)[1]
-    ranks = dense_ranks(key)
-    assert ranks.dtype == np.uint16 and int(ranks.max()) == len(np.unique(key)) - 1
-    # the same order, ties included: the shuffled epoch order is the one the raw keys give
-    assert np.array_equal(np.sign(np.diff(ranks.astype(np.int64))), np.sign(np.diff(key.astype(np.int64))))
-    for seed in range(3):
-        assert np.array_equal(length_order(ranks, np.random.default_rng(seed)),
-                              length_order(key, np.random.default_rng(seed)))
-    # keys too large for a bin per value, or too varied for uint16, are used as they are
-    wide = np.array([0, 5, 1 << 23], np.int64)
-    assert dense_ranks(wide) is wide
-    varied = np.arange(70_000, dtype=np.int64)[::-1]
-    assert dense_ranks(varied) is varied
-    assert len(dense_ranks(np.zeros(0, np.int64))) == 0
+@pytest.mark.parametrize("n", [0, 1, 7, 3000])
+def test_length_groups_order_pairs_by_width_then_difference(n):
+    src, tgt = lengths(n, seed=n, lo=0, hi=200)
+    g = length_groups(src.astype(np.int32), tgt.astype(np.int32))
+    k = np.maximum(src, tgt) + 1
+    key = [(int(k[i]), int(tgt[i] - src[i])) for i in range(n)]
+    order = sorted(range(n), key=lambda i: key[i])  # stable: ties in index order
+    assert g.members.tolist() == order
+    ends = [i + 1 for i in range(n) if i == n - 1 or key[order[i]] != key[order[i + 1]]]
+    assert g.ends.tolist() == ends and g.widths.tolist() == [key[order[e - 1]][0] for e in ends]
+    # the same grouping chunk by chunk, and by np.unique for keys too spread for the table
+    for other in (length_groups(src, tgt, chunk=13), length_groups(src, tgt, table_limit=0)):
+        assert np.array_equal(other.members, g.members) and np.array_equal(other.ends, g.ends)
+        assert np.array_equal(other.widths, g.widths)
 
 
 def test_padding_fraction_matches_direct_count():

@@ -53,12 +53,15 @@ def test_sharded_training_equals_unsharded_and_resumes_exactly(datasets, tmp_pat
 
 
 def reference_epoch(src, tgt, max_tokens, seed, epoch):
-    """The batching rule written out: sort by (max(s, t) + 1, t - s) with ties in the epoch's
-    random permutation order, cut greedily, then shuffle the batches."""
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(len(src))
+    """The batching rule written out: pairs grouped by (max(s, t) + 1, t - s) in that order,
+    each group (numbered from 0 in that order) shuffled by rng([seed, epoch, group]), cut
+    greedily, then the batches shuffled by rng([seed, epoch])."""
     k = np.maximum(src, tgt) + 1
-    order = sorted(perm.tolist(), key=lambda i: (k[i], tgt[i] - src[i]))  # stable: ties keep perm order
+    keys = sorted({(int(k[i]), int(tgt[i] - src[i])) for i in range(len(src))})
+    order = []
+    for g, key in enumerate(keys):
+        members = [i for i in range(len(src)) if (k[i], tgt[i] - src[i]) == key]
+        order += np.random.default_rng([seed, epoch, g]).permutation(members).tolist()
     batches, cur = [], []
     for i in order:
         if cur and (len(cur) + 1) * k[i] > max_tokens:
@@ -66,7 +69,7 @@ def reference_epoch(src, tgt, max_tokens, seed, epoch):
             cur = []
         cur.append(i)
     batches.append(cur)
-    return [batches[j] for j in rng.permutation(len(batches))]
+    return [batches[j] for j in np.random.default_rng([seed, epoch]).permutation(len(batches))]
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint16])
@@ -75,7 +78,7 @@ def test_sampler_batches_follow_the_rule_whatever_the_length_dtype(dtype):
     src = rng.integers(0, 60, 3000)
     tgt = np.clip(src + rng.integers(-9, 10, 3000), 0, None)
     s = TokenBatchSampler(src.astype(dtype), tgt.astype(dtype), 700, seed=4)
-    assert s.key.dtype == np.uint16  # the keys held as dense ranks (`dense_ranks`): 2 bytes a pair
+    assert s.groups.members.dtype == np.int32  # the sampler's one per-pair array: 4 bytes a pair
     for epoch in (0, 1):
         got = [b.tolist() for b in s.epoch_batches(epoch)]
         assert got == reference_epoch(src, tgt, 700, 4, epoch)

@@ -8,12 +8,13 @@ at most `max_tokens` target tokens, counting padding: B * max source length <= m
 B * max target length <= max_tokens, where a sentence's length counts its added EOS (source,
 target output) or BOS (target input), i.e. pieces + 1.
 
-How: pairs are sorted by k = max(src_len, tgt_len) + 1, then by tgt_len - src_len (see
-`sort_key`) to waste less padding on the shorter side, with ties in random order; the sorted run is
-cut greedily into the largest batches with B * k_max <= max_tokens (which implies both budgets).
-Because the sorted sequence of k is the same every epoch, so are the cut points and the batch count;
-each epoch changes which equal-length pairs share a batch and the order of the batches. Everything is a
-function of (seed, epoch): deterministic, and resumable from `state_dict()` = {epoch, position}.
+How: pairs are grouped by k = max(src_len, tgt_len) + 1, then by tgt_len - src_len (see
+`length_groups`) to waste less padding on the shorter side; the groups, in that order, are cut
+greedily into the largest batches with B * k_max <= max_tokens (which implies both budgets).
+Because the sequence of widths is the same every epoch, so are the cut points and the batch count;
+each epoch shuffles the pairs within each group (which equal-length pairs share a batch) and the
+order of the batches. Everything is a function of (seed, epoch): deterministic, and resumable from
+`state_dict()` = {epoch, position}.
 
 Distributed training: batch b goes to rank b % world_size. DDP needs every rank to take the same
 number of steps, so when the batch count is not divisible by world_size the largest batches are
@@ -47,83 +48,128 @@ def round_up(x: np.ndarray | int, multiple: int) -> np.ndarray | int:
     return -(-x // multiple) * multiple
 
 
-def sort_key(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(k, key) per pair; lengths exclude EOS/BOS.
+@dataclass(frozen=True)
+class LengthGroups:
+    """The pairs grouped by their sort key, groups in key order (see `length_groups`).
 
-    k = max(src, tgt) + 1 is the padded width the budget sees (before rounding, see `round_up`).
-    `key` orders pairs by k, then by secondary = tgt - src (shifted to be >= 0), which among equal
-    k runs from "source longest, target short" through "both k - 1" to "target longest, source
-    short", so neighbours have similar lengths on both sides: on Multi30k this wastes 2-4x less
-    padding than sorting by k alone at small budgets. Both are int32 whenever the key fits (any
-    sentence under 32,000 tokens): 8 bytes a pair, 80 MB for 10M pairs.
+    members (N,) pair indices, group after group, ascending within a group (int32 below 2**31 pairs);
+    ends (G,) int64 exclusive end of each group in `members`; widths (G,) int64 each group's padded
+    width k = max(src, tgt) + 1, non-decreasing.
     """
-    s, t = np.asarray(src_lengths), np.asarray(tgt_lengths)
-    longest = int(max(s.max(initial=0), t.max(initial=0)))
-    dtype = np.int32 if (longest + 1) * (2 * longest + 2) < 2**31 else np.int64
-    s, t = s.astype(dtype, copy=False), t.astype(dtype, copy=False)
-    k = np.maximum(s, t)
-    k += 1
-    secondary = t - s
-    secondary += s.max(initial=0)
-    key = k * (int(secondary.max(initial=0)) + 1)
-    key += secondary
-    return k, key
+
+    members: np.ndarray
+    ends: np.ndarray
+    widths: np.ndarray
+
+    def group(self, g: int) -> np.ndarray:
+        return self.members[(self.ends[g - 1] if g else 0) : self.ends[g]]
 
 
-def dense_ranks(key: np.ndarray) -> np.ndarray:
-    """`key` (non-negative integers, `sort_key`'s) as each value's rank among the distinct values:
-    the same order, held as uint16 when there are at most 65,536 distinct values (a few hundred
-    or thousand in practice), for which numpy's stable sort is a radix sort, so `length_order`
-    runs faster every epoch (`benchmarks/bench_batching.py --order-only`; docs/wmt.md). Keys too
-    large or too varied for that come back unchanged."""
-    if len(key) == 0 or int(key.max()) >= 1 << 22:  # np.bincount would allocate a bin per value
+def length_groups(src: np.ndarray, tgt: np.ndarray, chunk: int = 1 << 20,
+                  table_limit: int = 1 << 22) -> LengthGroups:
+    """Group pairs (lengths without EOS/BOS) by key = (k, tgt - src), k = max(src, tgt) + 1.
+
+    Ordering by k, then by tgt - src, runs within one k from "source longest, target short"
+    through "both k - 1" to "target longest, source short", so neighbours have similar lengths on
+    both sides: on Multi30k this wastes 2-4x less padding than ordering by k alone at small
+    budgets. A group is every pair with one key; `TokenBatchSampler` shuffles within groups.
+
+    A counting sort written out, `chunk` pairs at a time, because the sampler runs it at every
+    start-up: all it holds is `members` (4 bytes a pair) and one chunk's temporaries, where an
+    argsort of the whole key array would hold 8-byte keys and 8-byte indices per pair (10M pairs:
+    0.3-0.5 s, peak 78 MB; docs/wmt.md). Keys too spread for a lookup table of `table_limit`
+    entries (sentences of thousands of tokens, as translation may meet) take np.unique instead.
+    """
+    n = len(src)
+    smax, tmax = int(src.max(initial=0)), int(tgt.max(initial=0))
+    span = smax + tmax + 1  # tgt - src + smax lies in [0, span)
+    index_type = np.int32 if n < 2**31 else np.int64
+
+    def keys(lo: int, hi: int) -> np.ndarray:
+        s, t = src[lo:hi].astype(np.int64), tgt[lo:hi].astype(np.int64)
+        key = np.maximum(s, t)
+        key += 1
+        key *= span
+        key += t
+        key -= s
+        key += smax
         return key
-    present = np.bincount(key) > 0
-    if int(present.sum()) > 1 << 16:
-        return key
-    return (np.cumsum(present) - 1).astype(np.uint16)[key]
+
+    n_keys = (max(smax, tmax) + 2) * span
+    if n_keys > table_limit:
+        present, group_of = np.unique(keys(0, n), return_inverse=True)
+        counts = np.bincount(group_of, minlength=len(present))
+        members = np.argsort(group_of, kind="stable").astype(index_type)
+        return LengthGroups(members, np.cumsum(counts), present // span)
+
+    counts = np.zeros(n_keys, np.int64)
+    for lo in range(0, n, chunk):
+        counts += np.bincount(keys(lo, lo + chunk), minlength=n_keys)
+    present = np.flatnonzero(counts)
+    n_groups = len(present)
+    group_type = np.uint16 if n_groups <= 1 << 16 else np.int32  # uint16 sorts by radix
+    group_of_key = np.zeros(n_keys, group_type)
+    group_of_key[present] = np.arange(n_groups)
+    ends = np.cumsum(counts[present])
+    cursor = ends - counts[present]  # where each group's next member goes
+    members = np.empty(n, index_type)
+    for lo in range(0, n, chunk):
+        g = group_of_key[keys(lo, lo + chunk)]
+        order = np.argsort(g, kind="stable")  # this chunk's pairs grouped, ascending within
+        here = np.bincount(g, minlength=n_groups)
+        first = np.cumsum(here) - here  # start of each group's run in `order`
+        g_sorted = g[order]
+        members[cursor[g_sorted] + np.arange(len(order)) - first[g_sorted]] = order + lo
+        cursor += here
+    return LengthGroups(members, ends, present // span)
 
 
-def length_order(key: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
-    """Indices sorted by `key` (`sort_key`); ties in random order (by index when `rng` is None)."""
-    perm = rng.permutation(len(key)) if rng is not None else np.arange(len(key))
-    return perm[np.argsort(key[perm], kind="stable")]
-
-
-def cut_points(k_sorted: np.ndarray, max_tokens: int, max_sentences: int | None = None) -> np.ndarray:
-    """Batch boundaries over a non-decreasing array of widths: the greedy largest batches with
-    size * max width <= max_tokens (and size <= max_sentences when given). Returns starts+[n], so
-    batch j is [b[j], b[j+1]).
-    A width > max_tokens gets a batch of its own (callers reject it first when not allowed)."""
-    n = len(k_sorted)
+def cut_points(widths: np.ndarray, ends: np.ndarray, max_tokens: int,
+               max_sentences: int | None = None) -> np.ndarray:
+    """Batch boundaries over pairs in runs of non-decreasing width (run r: positions
+    [ends[r - 1], ends[r]) of width widths[r]): the greedy largest batches with
+    size * widest <= max_tokens (and size <= max_sentences when given). Returns starts + [n], so
+    batch j is [b[j], b[j + 1]). A width > max_tokens gets a batch of its own (callers reject it
+    first when not allowed)."""
+    n = int(ends[-1]) if len(ends) else 0
     if n == 0:
         return np.zeros(1, np.int64)
-    # Work over the distinct widths (a few hundred at most) instead of over pairs: a batch from i
-    # whose widest member has width v holds at most max_tokens // v pairs, and at most the pairs
-    # from i to the last one of width v; the batch is the best such v.
-    first = np.flatnonzero(np.r_[True, k_sorted[1:] != k_sorted[:-1]])  # start of each width's run
-    vals = k_sorted[first].astype(np.int64)  # int32 widths: max_tokens may not fit int32
-    end = np.append(first[1:], n)  # exclusive end of each width's run
-    cap = max_tokens // vals
+    vals = np.asarray(widths, np.int64)  # int32 widths: max_tokens may not fit int32
+    end = np.asarray(ends, np.int64)
+    cap = np.maximum(max_tokens // vals, 1)
     if max_sentences is not None:
         cap = np.minimum(cap, max_sentences)
-    starts = [0]
-    i, j = 0, 0
+    # A batch from i whose widest member is in run r holds at most cap[r] pairs and at most the
+    # pairs from i to the end of run r: the batch is the best such r. Caps fall as widths grow,
+    # so while run r has cap[r] pairs left from i, the batch is exactly cap[r] pairs: those
+    # batches are taken all at once, and the loop runs a few times per run, not per batch.
+    starts = [np.zeros(1, np.int64)]
+    i, r = 0, 0
     while i < n:
-        while end[j] <= i:
-            j += 1
-        size = int(np.max(np.minimum(end[j:] - i, cap[j:])))
-        i += max(size, 1)
-        starts.append(i)
-    return np.asarray(starts, np.int64)
+        while end[r] <= i:
+            r += 1
+        full = (int(end[r]) - i) // int(cap[r])
+        if full:
+            starts.append(i + cap[r] * np.arange(1, full + 1, dtype=np.int64))
+            i += full * int(cap[r])
+            continue
+        i += int(np.max(np.minimum(end[r:] - i, cap[r:])))
+        starts.append(np.array([i], np.int64))
+    return np.concatenate(starts)
 
 
-def split_for_ranks(bounds: np.ndarray, k_sorted: np.ndarray, world_size: int) -> np.ndarray:
+def width_at(widths: np.ndarray, ends: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The width of the pairs at `positions` of runs (widths, ends) as `cut_points` takes them."""
+    return np.asarray(widths)[np.searchsorted(ends, positions, side="right")]
+
+
+def split_for_ranks(bounds: np.ndarray, widths: np.ndarray, ends: np.ndarray, world_size: int
+                    ) -> np.ndarray:
     """Split the largest batches (by padded tokens) in two until the count divides by world_size."""
     b = [int(x) for x in bounds]
     while (len(b) - 1) % world_size:
         sizes = np.diff(b)
-        padded = sizes * k_sorted[np.asarray(b[1:]) - 1]
+        padded = sizes * width_at(widths, ends, np.asarray(b[1:]) - 1)
         padded[sizes < 2] = -1  # a single pair cannot be split
         j = int(np.argmax(padded))
         if padded[j] < 0:
@@ -143,6 +189,42 @@ def _integers(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return a if a.dtype.kind in "iu" else a.astype(np.int64)
 
 
+class _EpochPlan:
+    """One epoch's batches, made on demand from (seed, epoch). The pairs in key order, each
+    group's members in the epoch's random order (`rng([seed, epoch, group])`), are cut at the
+    sampler's fixed `bounds`; the batches come in the order `rng([seed, epoch])` draws. Without
+    shuffling: members in index order, batches shortest first. Each group is shuffled once, when
+    a batch first needs it, and kept for the rest of the epoch (at most 4 bytes a pair)."""
+
+    def __init__(self, groups: LengthGroups, bounds: np.ndarray, seed: int, epoch: int,
+                 shuffle: bool):
+        self.groups, self.bounds, self.seed, self.epoch = groups, bounds, seed, epoch
+        self.shuffle = shuffle
+        n_batches = len(bounds) - 1
+        self.order = (np.random.default_rng([seed, epoch]).permutation(n_batches) if shuffle
+                      else np.arange(n_batches))
+        self._shuffled: dict[int, np.ndarray] = {}
+
+    def _group(self, g: int) -> np.ndarray:
+        if not self.shuffle:
+            return self.groups.group(g)
+        if g not in self._shuffled:
+            rng = np.random.default_rng([self.seed, self.epoch, g])
+            self._shuffled[g] = rng.permutation(self.groups.group(g))
+        return self._shuffled[g]
+
+    def batch(self, j: int) -> np.ndarray:
+        """Batch j of the cut (positions bounds[j]..bounds[j + 1] of the key order), int64."""
+        lo, hi = int(self.bounds[j]), int(self.bounds[j + 1])
+        ends = self.groups.ends
+        first, last = np.searchsorted(ends, [lo, hi - 1], side="right")
+        parts = []
+        for g in range(int(first), int(last) + 1):
+            start = int(ends[g - 1]) if g else 0
+            parts.append(self._group(g)[max(lo, start) - start : min(hi, int(ends[g])) - start])
+        return np.concatenate(parts).astype(np.int64)
+
+
 class TokenBatchSampler:
     """Batches (numpy arrays of pair indices) for one rank, epoch after epoch.
 
@@ -153,6 +235,10 @@ class TokenBatchSampler:
 
     `pad_multiple` rounds each batch's width up to a multiple (`collate` pads to it) and charges
     the budget that width: fewer distinct tensor shapes. `max_sentences` caps a batch's pairs.
+
+    Start-up does no per-epoch work: an epoch's plan is its batch order (one number a batch) and,
+    made when a batch first needs it, each length group's shuffled copy; so the first batch comes
+    as fast at 10M pairs as at 0.3M (docs/wmt.md).
     """
 
     def __init__(
@@ -185,39 +271,37 @@ class TokenBatchSampler:
         self.rank, self.world_size = rank, world_size
         self.epoch, self.position = int(epoch), 0
         self.pad_multiple = int(pad_multiple)
-        k, key = sort_key(src, tgt)
-        self.key = dense_ranks(key)  # the same order, sorted faster every epoch
-        widths = round_up(k, self.pad_multiple) if self.pad_multiple > 1 else k
+        self.groups = length_groups(src, tgt)
+        # pairs stay grouped by their own widths; the budget charges each batch its rounded width
+        widths = round_up(self.groups.widths, self.pad_multiple)
         too_big = np.flatnonzero(widths > self.max_tokens)
         if len(too_big) and not allow_oversize:
-            i = int(too_big[0])
+            members = np.concatenate([self.groups.group(int(g)) for g in too_big])
+            i = int(members.min())
             raise UserError(
                 f"pair {i} has {src[i] + 1} source / {tgt[i] + 1} target tokens with EOS/BOS, more "
-                f"than max_tokens={self.max_tokens} ({len(too_big)} such pairs); raise max_tokens or "
+                f"than max_tokens={self.max_tokens} ({len(members)} such pairs); raise max_tokens or "
                 f"re-run aiayn prepare with --max-len {self.max_tokens - 1}"
             )
-        # pairs stay sorted by their own widths; the budget charges each batch its rounded width
-        k_sorted = np.sort(widths)
-        self.bounds = split_for_ranks(cut_points(k_sorted, self.max_tokens, max_sentences),
-                                      k_sorted, world_size)
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        ends = self.groups.ends
+        self.bounds = split_for_ranks(cut_points(widths, ends, self.max_tokens, max_sentences),
+                                      widths, ends, world_size)
+        self._plan: _EpochPlan | None = None
 
     # --- one epoch ------------------------------------------------------------------------------
+
+    def _epoch_plan(self, epoch: int) -> _EpochPlan:
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = _EpochPlan(self.groups, self.bounds, self.seed, epoch, self.shuffle)
+        return self._plan
 
     def epoch_batches(self, epoch: int | None = None, all_ranks: bool = False) -> list[np.ndarray]:
         """The batches of `epoch` (default: the current one) in iteration order, for this rank or,
         with `all_ranks`, for all ranks interleaved (batch b belongs to rank b % world_size).
         Without `shuffle`: every epoch the same batches, shortest first."""
-        epoch = self.epoch if epoch is None else epoch
-        if self._cache is None or self._cache[0] != epoch:
-            rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-            order = length_order(self.key, rng)
-            batches = np.split(order, self.bounds[1:-1])
-            if rng is not None:
-                batches = [batches[j] for j in rng.permutation(len(batches))]
-            self._cache = (epoch, batches)
-        batches = self._cache[1]
-        return batches if all_ranks else batches[self.rank :: self.world_size]
+        plan = self._epoch_plan(self.epoch if epoch is None else epoch)
+        order = plan.order if all_ranks else plan.order[self.rank :: self.world_size]
+        return [plan.batch(int(j)) for j in order]
 
     def __len__(self) -> int:
         """Batches per rank in every epoch."""
@@ -226,10 +310,10 @@ class TokenBatchSampler:
     def __iter__(self) -> Iterator[np.ndarray]:
         if self.position >= len(self):
             self.set_epoch(self.epoch + 1)
-        batches = self.epoch_batches()
-        while self.position < len(batches):
+        plan = self._epoch_plan(self.epoch)
+        while self.position < len(self):
             self.position += 1
-            yield batches[self.position - 1]
+            yield plan.batch(int(plan.order[self.rank + (self.position - 1) * self.world_size]))
 
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its first batch."""
