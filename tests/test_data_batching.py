@@ -128,6 +128,21 @@ def test_resume_mid_epoch_equals_uninterrupted():
     assert got == reference
 
 
+def test_an_epoch_is_planned_only_as_far_as_its_batches_are_taken():
+    # start-up independent of the corpus: the first batch shuffles only the length groups it
+    # holds pairs of; a whole epoch shuffles each group once
+    src, tgt = lengths(5000, hi=120)
+    s = TokenBatchSampler(src, tgt, 600, seed=2)
+    first = next(iter(s))
+    plan = s._plan
+    positions = np.flatnonzero(np.isin(s.groups.members, first))  # where its pairs sit in key order
+    touched = set(np.searchsorted(s.groups.ends, positions, side="right").tolist())
+    assert set(plan._shuffled) == touched and len(touched) < len(s.groups.ends) // 10
+    for _ in s:
+        pass
+    assert len(plan._shuffled) == len(s.groups.ends)
+
+
 def test_state_at_epoch_end_resumes_next_epoch():
     src, tgt = lengths(300)
     s = TokenBatchSampler(src, tgt, 500, seed=2)
