@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # the last revision whose sampler sorted every pair for an epoch's plan before its first batch
 PEER_REF = "3f363f4"
 
@@ -126,8 +126,12 @@ def peer_module(ref: str):
     import subprocess
     import tempfile
 
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:aiayn/data/batching.py"],
-                            capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:aiayn/data/batching.py"],
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise SystemExit(f"--peer-ref {ref}: git cannot show its aiayn/data/batching.py here "
+                         f"({shown.stderr.strip().splitlines()[-1] if shown.stderr.strip() else 'no git'})")
+    source = shown.stdout
     path = Path(tempfile.mkdtemp()) / "batching_peer.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("batching_peer", path)
