@@ -157,6 +157,7 @@ def test_recipe_presets_are_found_by_name():
     assert cpu != BASE
     small = get_preset("parsing-small")
     assert (small.norm, small.d_model, small.beam_size) == ("pre", 128, 21) and cpu.norm == "post"
-    # the recipe's default: parsing-small with source word dropout and dropout 0.2, nothing else
+    # the recipe's defaults in turn: parsing-small with source word dropout, then dropout 0.2, then 0.15
     assert get_preset("parsing-small-wd") == replace(small, p_word_drop=0.1) and small.p_word_drop == 0
     assert get_preset("parsing-small-v2") == replace(small, p_word_drop=0.1, p_drop=0.2) and small.p_drop == 0.3
+    assert get_preset("parsing-small-v3") == replace(small, p_word_drop=0.1, p_drop=0.15)
