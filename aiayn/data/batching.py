@@ -61,8 +61,11 @@ class LengthGroups:
     ends: np.ndarray
     widths: np.ndarray
 
+    def start(self, g: int) -> int:
+        return int(self.ends[g - 1]) if g else 0
+
     def group(self, g: int) -> np.ndarray:
-        return self.members[(self.ends[g - 1] if g else 0) : self.ends[g]]
+        return self.members[self.start(g) : self.ends[g]]
 
 
 def length_groups(src: np.ndarray, tgt: np.ndarray, chunk: int = 1 << 20,
@@ -158,18 +161,14 @@ def cut_points(widths: np.ndarray, ends: np.ndarray, max_tokens: int,
     return np.concatenate(starts)
 
 
-def width_at(widths: np.ndarray, ends: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The width of the pairs at `positions` of runs (widths, ends) as `cut_points` takes them."""
-    return np.asarray(widths)[np.searchsorted(ends, positions, side="right")]
-
-
 def split_for_ranks(bounds: np.ndarray, widths: np.ndarray, ends: np.ndarray, world_size: int
                     ) -> np.ndarray:
     """Split the largest batches (by padded tokens) in two until the count divides by world_size."""
     b = [int(x) for x in bounds]
     while (len(b) - 1) % world_size:
         sizes = np.diff(b)
-        padded = sizes * width_at(widths, ends, np.asarray(b[1:]) - 1)
+        widest = np.asarray(widths)[np.searchsorted(ends, np.asarray(b[1:]) - 1, side="right")]
+        padded = sizes * widest  # each batch's last pair is its widest
         padded[sizes < 2] = -1  # a single pair cannot be split
         j = int(np.argmax(padded))
         if padded[j] < 0:
@@ -220,7 +219,7 @@ class _EpochPlan:
         first, last = np.searchsorted(ends, [lo, hi - 1], side="right")
         parts = []
         for g in range(int(first), int(last) + 1):
-            start = int(ends[g - 1]) if g else 0
+            start = self.groups.start(g)
             parts.append(self._group(g)[max(lo, start) - start : min(hi, int(ends[g])) - start])
         return np.concatenate(parts).astype(np.int64)
 
