@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="not in the paper: also write SPLIT.src, the source with every word seen "
                         "fewer than N times in training as its signature (shape and suffix, "
                         "`UNK-Cap-ing`: aiayn/parsing/signatures.py); default 0: off")
+    p.add_argument("--augment", type=int, default=0, metavar="K",
+                   help="not in the paper: add K rounds of new training trees, each a training "
+                        "tree with one phrase swapped for another of the same label from the "
+                        "training set (aiayn/parsing/augment.py); default 0: off")
+    p.add_argument("--augment-seed", type=int, default=1, metavar="S",
+                   help="the random seed of --augment (default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
 
 
@@ -55,11 +61,14 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--target-words must be >= 0, got {args.target_words}")
     if args.signatures < 0:
         raise UserError(f"--signatures must be >= 0, got {args.signatures}")
+    if args.augment < 0:
+        raise UserError(f"--augment must be >= 0, got {args.augment}")
     info = write_corpus(args.treebank, out, args.splits, args.slots, args.target_words,
-                        args.signatures)
+                        args.signatures, args.augment, args.augment_seed)
     for name, c in info["counts"].items():
+        made = f", {c['augmented']:,} of them made by --augment" if c.get("augmented") else ""
         print(f"{name}: {c['sentences']:,} sentences, {c['words']:,} words from {c['files']} files "
-              f"({c['first_file']} .. {c['last_file']})")
+              f"({c['first_file']} .. {c['last_file']}){made}")
     print(f"target symbols in train: {info.get('train_target_symbols')} "
           f"(word slots: {args.slots}); wrote {out}/corpus.json")
     if args.signatures:

@@ -75,7 +75,8 @@ def known_words(seen: Counter, n: int) -> set[str] | None:
 
 
 def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None = None,
-                 slots: str = "xx", target_words: int = 0, signatures: int = 0) -> dict:
+                 slots: str = "xx", target_words: int = 0, signatures: int = 0,
+                 augment: int = 0, augment_seed: int = 1) -> dict:
     """Read, clean and split a treebank, write each split's files (module docstring) and
     `corpus.json` (counts and settings); returns what it wrote there. With slots="words" and
     `target_words` > 0, only the training set's `target_words` commonest words are written in
@@ -84,7 +85,11 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
     written as their signatures (aiayn/parsing/signatures.py), and XX in the targets; a word is
     then in the vocabulary exactly when it was seen `signatures` times, which is what `aiayn
     parse` asks (`model_inputs`). `vocabulary` in corpus.json counts the distinct tokens of
-    train.src and train.tree, plus the 4 specials."""
+    train.src and train.tree, plus the 4 specials. With `augment` > 0 (not in the paper) the
+    train files also hold `augment` rounds of new trees made by subtree substitution
+    (aiayn/parsing/augment.py), after the treebank's; word counts, and so signatures and the
+    target's words, come from the treebank's trees alone."""
+    from aiayn.parsing.augment import substitute
     from aiayn.parsing.linearize import linearize
     from aiayn.parsing.signatures import replace_rare
     from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
@@ -100,8 +105,14 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
     if signatures > 0:  # a word the source writes as its signature is XX in the target, so the
         common = {w for w, n in seen.items() if n >= signatures}  # vocabulary never holds it
         known = common if known is None else known & common
+    if augment > 0 and not train:
+        raise UserError("--augment needs a train split: it makes new trees from its trees")
+    made = substitute(train, augment, augment_seed)
+    if made:
+        parts["train"].trees = train + made
     info: dict = {"treebank": str(treebank), "splits": spec, "slots": slots,
-                  "target_words": target_words, "signatures": signatures, "counts": {}}
+                  "target_words": target_words, "signatures": signatures,
+                  "augment": augment, "augment_seed": augment_seed, "counts": {}}
     for name, split in parts.items():
         columns = {
             SOURCE: [" ".join(t.leaves()) for t in split.trees],
@@ -119,6 +130,8 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
                                 "words": sum(len(t.leaves()) for t in split.trees),
                                 "dropped_empty": split.dropped,
                                 "first_file": split.files[0], "last_file": split.files[-1]}
+        if name == "train":
+            info["counts"][name]["augmented"] = len(made)  # of the sentences and words above
     if "train" in parts:  # the target vocabulary: these symbols and the 4 specials
         target = {tok for line in train_columns[TARGET] for tok in line.split()}
         info["train_target_symbols"] = len(target)
