@@ -4,18 +4,21 @@
 #
 #   bash scripts/parsing.sh                       # the NLTK 10% WSJ sample, 30 minutes of training
 #   MINUTES=10 EVAL_SPLITS=valid bash scripts/parsing.sh                 # a shorter dev run
-#   SLOTS=xx VOCAB=separate SIGNATURES=0 PRESET=parsing-cpu CONSTRAINED=0 bash scripts/parsing.sh  # §6.3
+#   SLOTS=xx VOCAB=separate SIGNATURES=0 AUGMENT=0 PRESET=parsing-cpu CONSTRAINED=0 \
+#     bash scripts/parsing.sh                                           # the paper's choices (§6.3)
 #   TREEBANK=/path/to/wsj MINUTES=600 PRESET=parsing \
 #     TREEBANK_ARGS="--splits train=200-2199,valid=2200-2299,test=2300-2399" bash scripts/parsing.sh
 #
 # TREEBANK is a directory or zip of PTB .mrg files. The default is the setting chosen on dev
-# (docs/parsing.md, run e20): the `parsing-small-v3` preset (pre-norm, dropout 0.15, source word
+# (docs/parsing.md, run e25): the `parsing-small-v3` preset (pre-norm, dropout 0.15, source word
 # dropout 0.1), the words written in the target (SLOTS=words, the 4,000 commonest; §6.3 writes
 # XX) with one word vocabulary for both sides (VOCAB=shared-words), source words seen under 3
-# times in training written as their signatures (SIGNATURES=3; 0 keeps every word), and
-# tree-constrained beam search (CONSTRAINED=1, `aiayn parse --constrained`); none of these is in
-# the paper. SLOTS=xx|tags, VOCAB=separate (a BPE source, one target id per tree symbol),
-# SIGNATURES=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
+# times in training written as their signatures (SIGNATURES=3; 0 keeps every word), the
+# training set grown AUGMENT=2 times over by subtree substitution (each new tree a training tree
+# with one phrase swapped for another of the same label; 0: off), and tree-constrained beam
+# search (CONSTRAINED=1, `aiayn parse --constrained`); none of these is in the paper.
+# SLOTS=xx|tags, VOCAB=separate (a BPE source, one target id per tree symbol), SIGNATURES=0,
+# AUGMENT=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
 # TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`,
 # `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
 # A killed run resumes.
@@ -30,6 +33,7 @@ SLOTS=${SLOTS:-words}  # what stands for a word in the target: xx (§6.3), tags,
 VOCAB=${VOCAB:-shared-words}  # shared-words or separate (source BPE, target symbols)
 CONSTRAINED=${CONSTRAINED:-1}  # 1: the search writes only trees over the sentence's words
 SIGNATURES=${SIGNATURES:-3}  # N > 0: source words seen < N times in training become signatures
+AUGMENT=${AUGMENT:-2}  # K > 0: K rounds of new training trees by subtree substitution
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
 A=${AIAYN:-.venv/bin/aiayn}
@@ -44,7 +48,7 @@ RESUME=""
 set -x
 # with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
-    --signatures "$SIGNATURES" --overwrite ${TREEBANK_ARGS:-}
+    --signatures "$SIGNATURES" --augment "$AUGMENT" --overwrite ${TREEBANK_ARGS:-}
 SRC_LANG=words
 [ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
 corpus_info() { .venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$OUT/corpus/corpus.json" "$1"; }
