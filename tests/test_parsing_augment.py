@@ -38,7 +38,8 @@ def all_swaps(trees):
 
 
 def test_phrase_positions_skip_the_root_and_part_of_speech_nodes():
-    t = Tree.fromstring("(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))")
+    t = Tree.fromstring("(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat))))"
+                        " (. .))")
     assert phrase_positions(t) == [(0,), (1,), (1, 1), (1, 1, 1)]
     assert [t[p].label() for p in phrase_positions(t)] == ["NP", "VP", "PP", "NP"]
     assert phrase_positions(Tree.fromstring("(S (NN x))")) == []
@@ -65,7 +66,7 @@ def test_every_new_tree_is_one_same_label_swap_within_the_length_limit():
 def test_the_same_seed_gives_the_same_trees():
     one = [tree_line(t) for t in substitute(_trees(), 5, seed=7)]
     assert one == [tree_line(t) for t in substitute(_trees(), 5, seed=7)]
-    assert substitute(_trees(), 0) == []
+    assert substitute(_trees(), 0) == [] and substitute([], 3) == []
 
 
 def test_corpus_with_augment_appends_new_trees_and_counts_words_on_the_treebank(tmp_path):
@@ -78,16 +79,15 @@ def test_corpus_with_augment_appends_new_trees_and_counts_words_on_the_treebank(
     made = info["counts"]["train"]["augmented"]
     assert made > 0 and len(words) == 2 + made == info["counts"]["train"]["sentences"]
     assert words[:2] == (tmp_path / "plain" / "train.words").read_text().splitlines()
-    # the five files stay line-aligned
+    # the four files stay line-aligned
     for suffix in ("src", "tree", "gold"):
         assert len((out / f"train.{suffix}").read_text().splitlines()) == len(words)
     # copies do not make a word common: only "." was seen twice in the treebank's train trees
     src = (out / "train.src").read_text().splitlines()
     assert {w for line in src for w in line.split()} <= {".", "UNK", "UNK-Cap"}
     assert info["vocabulary"] == plain["vocabulary"]
-    for split in ("test",):
-        for suffix in ("words", "src", "tree", "gold"):
-            assert (out / f"{split}.{suffix}").read_text() == (tmp_path / "plain" / f"{split}.{suffix}").read_text()
+    for suffix in ("words", "src", "tree", "gold"):  # test is untouched
+        assert (out / f"test.{suffix}").read_text() == (tmp_path / "plain" / f"test.{suffix}").read_text()
     # each new gold tree is one swap into a treebank tree
     gold = [Tree.fromstring(s) for s in (out / "train.gold").read_text().splitlines()]
     assert {tree_line(t) for t in gold[2:]} <= all_swaps(gold[:2])
@@ -100,5 +100,6 @@ def test_treebank_command_augments(tmp_path, aiayn):
               "--augment", "2")
     assert r[0] == 0, r[2]
     assert "made by --augment" in r[1]
-    bad = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", tmp_path / "b", "--augment", "-1")
+    bad = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", tmp_path / "b",
+                "--augment", "-1")
     assert bad[0] == 2 and "--augment" in bad[2] and bad[2].count("\n") == 1

@@ -5,8 +5,10 @@ indices stripped, the outer empty bracket dropped: aiayn/parsing/treebank.py), s
 number and writes, per split, SPLIT.words (the sentence: the source), SPLIT.tree (the
 linearized tree, §6.3: the target) and SPLIT.gold (the cleaned tree on one line, for `aiayn
 evalb`), plus corpus.json; with --signatures also SPLIT.src, the source as the model reads it
-(rare words as signatures). Then `aiayn prepare --src-lang words --tgt-lang tree --train
-OUT/train ...` (`--src-lang src` with signatures; scripts/parsing.sh runs the whole recipe).
+(rare words as signatures); with --augment, the train files also hold new trees made by
+subtree substitution (aiayn/parsing/augment.py). Then `aiayn prepare --src-lang words --tgt-lang
+tree --train OUT/train ...` (`--src-lang src` with signatures; scripts/parsing.sh runs the whole
+recipe).
 
     aiayn treebank --treebank treebank.zip --out corpus
     aiayn treebank --treebank wsj/ --out corpus --splits train=200-2199,valid=2200-2299,test=2300-2399

@@ -39,7 +39,7 @@ def substitute(trees: Sequence, copies: int, seed: int = 1, max_words: int | Non
     with the same label (drawn uniformly among the training set's). New sentences have at most
     `max_words` words (default: as many as the longest of `trees`). The input is not changed;
     the same trees, copies and seed give the same list."""
-    if copies <= 0:
+    if copies <= 0 or not trees:
         return []
     rng = random.Random(seed)
     positions = [phrase_positions(t) for t in trees]

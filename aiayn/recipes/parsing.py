@@ -2,7 +2,7 @@
 
 The recipe, with the setting chosen on dev (docs/parsing.md; scripts/parsing.sh runs it):
 
-    aiayn treebank --treebank treebank.zip --out corpus --slots words --signatures 3
+    aiayn treebank --treebank treebank.zip --out corpus --slots words --signatures 3 --augment 2
     aiayn prepare --src-lang src --tgt-lang tree --train corpus/train --valid corpus/valid \\
         --test corpus/test --model-type word --vocab-size V ...   # one word vocabulary
     aiayn train --preset parsing-small-v3 ...; aiayn average ...
