@@ -21,6 +21,8 @@
 # AUGMENT=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
 # TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`,
 # `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
+# ENSEMBLE=N (default 1) trains N models one after the other, MINUTES/N minutes each with seeds
+# 1..N (runs $OUT/run, $OUT/run2, ...), and parses with their ensemble (`aiayn parse --model A B`).
 # A killed run resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,7 @@ SIGNATURES=${SIGNATURES:-3}  # N > 0: source words seen < N times in training be
 AUGMENT=${AUGMENT:-2}  # K > 0: K rounds of new training trees by subtree substitution
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
+ENSEMBLE=${ENSEMBLE:-1}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
 A=${AIAYN:-.venv/bin/aiayn}
 if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
   # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
@@ -43,8 +46,6 @@ if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
 fi
 PARSE_CONSTRAINT=""
 [ "$CONSTRAINED" = 1 ] && PARSE_CONSTRAINT=--constrained
-RESUME=""
-[ -e "$OUT/run/last" ] && RESUME=--resume
 set -x
 # with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
@@ -71,12 +72,20 @@ fi
 $A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
     --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
 # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
-$A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
-    --save-minutes "$(awk "BEGIN {print $MINUTES / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
-    $RESUME ${TRAIN_ARGS:-}
-$A average --run "$OUT/run" --out "$OUT/model" --overwrite
+EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
+MODELS=()
+for k in $(seq 1 "$ENSEMBLE"); do
+  SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, model; run2, model2; ...
+  RESUME=""
+  [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
+  $A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "$PRESET" --time-budget "$EACH" \
+      --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
+      --seed "$k" $RESUME ${TRAIN_ARGS:-}
+  $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
+  MODELS+=("$OUT/model$SUFFIX")
+done
 for split in $EVAL_SPLITS; do
-  $A parse --model "$OUT/model" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
+  $A parse --model "${MODELS[@]}" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
       --linearized "$OUT/$split.lin" --overwrite --progress $PARSE_CONSTRAINT ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold > "$OUT/$split.evalb"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold --json > "$OUT/$split.evalb.json"

@@ -9,9 +9,10 @@ words (a blank line gives a blank line). The model's output is turned into a tre
 is: unbalanced brackets are closed, missing word slots added, extra ones dropped; the repairs
 are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
 outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
-well-formed trees over exactly the input's words (then no repairs are needed). A model trained
-with `aiayn treebank --signatures` reads the words its vocabulary lacks as their signatures
-(aiayn/parsing/signatures.py); nothing to pass.
+well-formed trees over exactly the input's words (then no repairs are needed), and several
+`--model` directories (trained on one `aiayn prepare` output) parse as their ensemble. A model
+trained with `aiayn treebank --signatures` reads the words its vocabulary lacks as their
+signatures (aiayn/parsing/signatures.py); nothing to pass.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n\n", 1)[1]
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory (from train/average)")
+    p.add_argument("--model", required=True, nargs="+", metavar="DIR",
+                   help="model directory (from train/average); several: their ensemble, the mean "
+                        "of their next-token probabilities (not in the paper; "
+                        "aiayn/decoding/ensemble.py)")
     p.add_argument("--input", "-i", metavar="FILE", help="one sentence a line (default: stdin)")
     p.add_argument("--output", "-o", metavar="FILE", help="where to write the trees (default: stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
@@ -45,12 +49,13 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
     from aiayn.io import atomic_write, check_writable
-    from aiayn.model.io import load_model, read_config
+    from aiayn.decoding.ensemble import load_models
+    from aiayn.model.io import read_config
     from aiayn.parsing.parse import parse_lines
 
     options = search_options(args)
     try:
-        SearchOptions(**options).validate(read_config(args.model))
+        SearchOptions(**options).validate(read_config(args.model[0]))
     except ValueError as e:
         raise UserError(str(e)) from None
     if options["nbest"] > 1:
@@ -62,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     precision = decode_precision(args, device)
     lines = read_input(args.input)
     try:
-        translator = Translator(load_model(args.model, device), precision=precision,
+        translator = Translator(load_models(args.model, device), precision=precision,
                                 max_src_tokens=args.max_src_tokens,
                                 warn=lambda m: print(f"aiayn parse: warning: {m}", file=sys.stderr),
                                 **options)

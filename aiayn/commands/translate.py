@@ -37,7 +37,10 @@ from aiayn.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory (from train/average)")
+    p.add_argument("--model", required=True, nargs="+", metavar="DIR",
+                   help="model directory (from train/average); several: their ensemble, the mean "
+                        "of their next-token probabilities (not in the paper; "
+                        "aiayn/decoding/ensemble.py)")
     p.add_argument("--input", "-i", metavar="FILE", help="UTF-8 text, one sentence a line (default: stdin)")
     p.add_argument("--output", "-o", metavar="FILE", help="where to write (default: stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
@@ -221,27 +224,30 @@ def _translate(args: argparse.Namespace) -> int:
     options = search_options(args)
     if args.alignment and args.nbest:
         raise UserError("--alignment prints the best translation's alignment; drop --nbest")
+    if args.alignment and len(args.model) > 1:
+        raise UserError("--alignment reads one model's attention; give one --model")
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and args.input is not None:
         raise UserError("--interactive reads the terminal; drop --input")
     if interactive and args.output is not None:
         raise UserError("--interactive writes to the terminal; drop --output")
+    from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
-    from aiayn.model.io import load_model, read_config
+    from aiayn.model.io import read_config
 
     # Every check that needs no model weights comes before the slow work.
     try:
-        SearchOptions(**options).validate(read_config(args.model))
+        SearchOptions(**options).validate(read_config(args.model[0]))
     except ValueError as e:
         raise UserError(str(e)) from None
-    align = _alignment_options(args, read_config(args.model))
+    align = _alignment_options(args, read_config(args.model[0]))
     if args.output is not None:
         check_writable(args.output, args.overwrite)
     device = torch_device(args.device)
     precision = decode_precision(args, device)
     lines = None if interactive else read_input(args.input)
 
-    loaded = load_model(args.model, device)
+    loaded = load_models(args.model, device)
     try:
         translator = Translator(loaded, precision=precision, max_src_tokens=args.max_src_tokens,
                                 warn=lambda m: print(f"aiayn translate: warning: {m}", file=sys.stderr),

@@ -75,7 +75,12 @@ def current(model: Any) -> str:
 def convert(model: Any, precision: str) -> Any:
     """The model in `precision` (fp32, bf16 or int8), converted in place when needed;
     ValueError when it was converted to another precision already, or int8 for a model other
-    than the Transformer (the RNN baseline's LSTMs have no int8 path here)."""
+    than the Transformer (the RNN baseline's LSTMs have no int8 path here). An ensemble's
+    members are converted one by one."""
+    from aiayn.decoding.ensemble import Ensemble
+
+    if isinstance(model, Ensemble):
+        return Ensemble([convert(m, precision) for m in model.members])
     have = current(model)
     if have == precision:
         return model
