@@ -44,6 +44,9 @@ if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
   # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
   echo "scripts/parsing.sh: SIGNATURES=$SIGNATURES needs VOCAB=shared-words (with VOCAB=$VOCAB set SIGNATURES=0)" >&2; exit 2
 fi
+if ! [ "$ENSEMBLE" -ge 1 ] 2>/dev/null; then
+  echo "scripts/parsing.sh: ENSEMBLE must be a number of models, 1 or more (got '$ENSEMBLE')" >&2; exit 2
+fi
 PARSE_CONSTRAINT=""
 [ "$CONSTRAINED" = 1 ] && PARSE_CONSTRAINT=--constrained
 set -x

@@ -46,10 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from aiayn.commands.translate import decode_precision, read_input, search_options, torch_device
+    from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
     from aiayn.io import atomic_write, check_writable
-    from aiayn.decoding.ensemble import load_models
     from aiayn.model.io import read_config
     from aiayn.parsing.parse import parse_lines
 
