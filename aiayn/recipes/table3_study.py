@@ -199,7 +199,8 @@ def run_row(run: Run, cfg: Config, data_dir: str | Path, run_dir: Path,
             max_steps=settings.updates, resume=True, seed=run.seed, eval_every=settings.eval_every,
             eval_bleu_sentences=settings.eval_bleu_sentences, save_every=options.save_every,
             save_minutes=None, keep=1, device=options.device, threads=options.threads,
-            precision=options.precision, progress=options.progress, tensorboard=False, dev_split=settings.dev_split))
+            precision=options.precision, progress=options.progress, tensorboard=False,
+            dev_split=settings.dev_split))
     result = measure(run, run_dir, summary, data_dir, settings, options.device)
     with atomic_write(run_dir / ROW_FILE) as f:
         json.dump(asdict(result), f, indent=2)
