@@ -152,3 +152,34 @@ def test_cli_ensembles_two_model_directories(model_dirs, tmp_path, capsys):
     code = main(["translate", "--model", str(a), str(b), "--input", str(inp), "--alignment", "hard"])
     err = capsys.readouterr().err
     assert code == 2 and "one --model" in err and err.count("\n") == 1
+
+
+def test_serve_answers_as_translate_with_the_same_ensemble(model_dirs, capsys):
+    """`aiayn serve --model A B`: the HTTP API gives the ensemble translations `aiayn translate
+    --model A B` gives (alone and in one request), /info counts both models' parameters and names
+    both directories, alignment is refused (501); a member with another vocabulary: one line."""
+    from fastapi.testclient import TestClient
+
+    from aiayn.serving.app import create_app
+    from aiayn.serving.engine import Engine
+    from aiayn.serving.settings import ServeSettings
+
+    a, b, other = model_dirs
+    lines = ["the cat sat", "a dog runs in the park", "the mat"]
+    expected = Translator(load_models([a, b]), beam_size=3).translate(lines)
+    engine = Engine(load_models([a, b]), model_paths=[str(a), str(b)])
+    with TestClient(create_app(engine, ServeSettings(), None)) as client:
+        ask = lambda q: client.post("/translate", json={"q": q, "beam_size": 3}).json()
+        one_by_one = [ask(q)["translatedText"] for q in lines]
+        together = ask(lines)["translatedText"]
+        info = client.get("/info").json()
+        refused = client.post("/translate", json={"q": lines[0], "alignment": True})
+    assert one_by_one == expected and together == expected
+    sizes = [sum(p.numel() for p in load_models([d]).model.parameters()) for d in (a, b)]
+    assert sizes[0] != sizes[1] and info["parameters"] == sum(sizes)
+    assert info["models"] == [str(a), str(b)] and info["model"] == str(a)
+    assert refused.status_code == 501
+    capsys.readouterr()
+    assert main(["serve", "--model", str(a), str(other), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "vocabulary differs" in err and err.count("\n") == 1 and "Traceback" not in err

@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from aiayn.serving.settings import ServeSettings
 
     d = ServeSettings()
-    p.add_argument("--model", required=True, metavar="DIR", help="model directory (from train/average)")
+    p.add_argument("--model", required=True, nargs="+", metavar="DIR",
+                   help="model directory (from train/average); several: their ensemble, as in "
+                        "aiayn translate (not in the paper)")
     n = p.add_argument_group("network")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     n.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 takes a free one)")
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from aiayn.commands.translate import decode_precision, torch_device
-    from aiayn.model.io import load_model
+    from aiayn.decoding.ensemble import load_models
     from aiayn.serving.app import create_app
     from aiayn.serving.engine import Engine
 
@@ -118,9 +120,9 @@ def main(args: argparse.Namespace) -> int:
     device = torch_device(args.device)
     precision = decode_precision(args, device)
     try:
-        engine = Engine(load_model(args.model, device), max_src_tokens=args.max_src_tokens,
+        engine = Engine(load_models(args.model, device), max_src_tokens=args.max_src_tokens,
                         batch_tokens=settings.batch_tokens, precision=precision,
-                        early_stop=args.early_stop)
+                        early_stop=args.early_stop, model_paths=args.model)
     except ValueError as e:  # e.g. int8 for a model without an int8 path
         raise UserError(str(e)) from None
     app = create_app(engine, settings, api_key)
@@ -129,7 +131,8 @@ def main(args: argparse.Namespace) -> int:
     if host not in ("127.0.0.1", "::1") and api_key is None:
         print(f"aiayn serve: warning: listening on {host} without an API key: anyone who can reach "
               f"this machine can use it", file=sys.stderr)
-    print(f"aiayn serve: {engine.src_lang or '?'} -> {engine.tgt_lang or '?'} from {args.model}; "
+    print(f"aiayn serve: {engine.src_lang or '?'} -> {engine.tgt_lang or '?'} from "
+          f"{' + '.join(args.model)}; "
           f"listening on http://{shown}:{port}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=args.access_log,
                             timeout_graceful_shutdown=5, lifespan="on")

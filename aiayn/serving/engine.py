@@ -34,13 +34,18 @@ class Attention:
 
 
 class Engine:
-    """A loaded model (`aiayn.model.io.load_model`) behind `Translator`s, one per beam size and
-    alpha asked for; they share the model (converted once to `precision`) and `early_stop`.
+    """A loaded model (`aiayn.decoding.ensemble.load_models`: one model or an ensemble) behind
+    `Translator`s, one per beam size and alpha asked for; they share the model (converted once
+    to `precision`) and `early_stop`.
     `prepare` runs on the event loop, `search` on the model worker thread only."""
 
     def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000,
-                 precision: str = "fp32", early_stop: str = "exact"):
+                 precision: str = "fp32", early_stop: str = "exact",
+                 model_paths: Sequence[str] | None = None):
         self.loaded = loaded
+        # the directories as given, an ensemble's all of them (`loaded.path` is the first's)
+        self.model_paths = [str(p) for p in model_paths] if model_paths else (
+            [str(loaded.path)] if loaded.path else [])
         self._warnings: list[str] = []
         # the model is converted once, here; every later translator shares it
         self.base = Translator(loaded, max_src_tokens=max_src_tokens, batch_tokens=batch_tokens,
@@ -100,9 +105,13 @@ class Engine:
         """Languages, model and decoding defaults, for `GET /info`."""
         from dataclasses import asdict
 
+        from aiayn.decoding.common import decoding_defaults
         from aiayn.model.counting import count_parameters
 
         cfg = self.loaded.cfg
+        # an ensemble counts every member's parameters; its architecture is the first member's
+        members = getattr(self.loaded.model, "members", None)
+        member_cfgs = [decoding_defaults(m) for m in members] if members else [cfg]
         meta = self.loaded.meta or {}
         arch = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
                 "d_v", "positions", "norm", "tie_embeddings", "tie_output")
@@ -110,10 +119,11 @@ class Engine:
         return {
             "source_language": self.src_lang,
             "target_language": self.tgt_lang,
-            "model": str(self.loaded.path) if self.loaded.path else None,
+            "model": self.model_paths[0] if self.model_paths else None,
+            "models": self.model_paths,
             "preset": meta.get("preset"),
             "step": meta.get("step"),
-            "parameters": count_parameters(cfg),
+            "parameters": sum(count_parameters(c) for c in member_cfgs),
             "architecture": {k: config[k] for k in arch if k in config},
             "decoding": {"beam_size": cfg.beam_size, "alpha": cfg.alpha,
                          "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
