@@ -72,6 +72,14 @@ class Config:
     # With untied source/target embeddings, still tie the target embedding to the output layer.
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
+    # Not in the paper: for targets that write one slot token per source token, in the source's
+    # order (linearized trees, aiayn.parsing: a word slot per word), each decoder input adds a
+    # learned projection of the encoder output at the source position the next slot stands for,
+    # counted from the slots already written, so the decoder need not find its place in the
+    # sentence by attention alone (after the "deterministic attention" of Ma et al. 2017 for
+    # sequence-to-sequence parsing). Which target tokens are slots is a buffer of the model
+    # (`Transformer.pointer_slots`), set from the target vocabulary when training starts.
+    pointer: bool = False
 
     # --- another architecture, not the paper's: off by default ----------------------------------
     # "rnn" is the attention-based RNN encoder-decoder the paper compares against (Bahdanau et al.
@@ -93,6 +101,12 @@ class Config:
     # short run ends at a low rate instead of Eq. 3's still-high one. The run's length is
     # max_steps, or the time budget when a run is given minutes (aiayn.training.schedule).
     lr_cooldown: float = 0.0
+    # Not in the paper (off by default): R-Drop (Liang et al. 2021). Each batch goes through the
+    # model twice, with different dropout masks; the loss per target token is the mean of the two
+    # label-smoothed losses plus rdrop_alpha times the symmetric KL divergence between the two
+    # predicted distributions (aiayn.training.loss.symmetric_kl). An update costs twice the
+    # compute of one without it.
+    rdrop_alpha: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -139,12 +153,15 @@ class Config:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
-        if self.arch == "rnn" and self.p_word_drop:
-            raise bad("p_word_drop is a Transformer option; the rnn architecture does not read it")
+        if self.arch == "rnn" and (self.p_word_drop or self.pointer):
+            raise bad("p_word_drop and pointer are Transformer options; the rnn architecture does "
+                      "not read them")
         if self.tgt_vocab_size and self.tgt_vocab_size != self.vocab_size and self.tie_embeddings:
             raise bad("separate source and target vocabularies need tie_embeddings=False")
         if not (0.0 < self.adam_beta1 < 1.0 and 0.0 < self.adam_beta2 < 1.0):
             raise bad("adam betas must be in (0, 1)")
+        if self.rdrop_alpha < 0:
+            raise bad(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
         if self.lr_scale <= 0 or self.adam_eps <= 0 or self.clip_norm < 0:
             raise bad("lr_scale and adam_eps must be > 0, clip_norm >= 0")
         if self.alpha < 0 or self.max_len_a < 0 or self.max_len_b < 0:
@@ -214,8 +231,8 @@ class Config:
 # cannot be averaged or resumed into one another. The rest (recipe, decoding) may differ.
 ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
                "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
-               "tie_embeddings", "tie_output", "layer_norm_eps", "arch", "rnn_emb", "rnn_hidden",
-               "rnn_attn")
+               "tie_embeddings", "tie_output", "layer_norm_eps", "pointer", "arch", "rnn_emb",
+               "rnn_hidden", "rnn_attn")
 
 # Training-only fields of earlier versions, ignored when a saved config.json still has them (they
 # never shaped the network, so such a model loads and decodes as it did).

@@ -21,8 +21,9 @@
 # AUGMENT=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
 # TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`,
 # `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
-# ENSEMBLE=N (default 1) trains N models one after the other, MINUTES/N minutes each with seeds
-# 1..N (runs $OUT/run, $OUT/run2, ...), and parses with their ensemble (`aiayn parse --model A B`).
+# ENSEMBLE=N trains N models one after the other, MINUTES/N minutes each with seeds 1..N (runs
+# $OUT/run, $OUT/run2, ...), and parses with their ensemble (`aiayn parse --model A B`); PRESET
+# may name several presets, which the members take in turn (ENSEMBLE defaults to their number).
 # A killed run resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,8 @@ cd "$(dirname "$0")/.."
 TREEBANK=${TREEBANK:-../shared/data/ptb-sample/treebank.zip}
 OUT=${OUT:-runs/parsing}
 MINUTES=${MINUTES:-30}
-PRESET=${PRESET:-parsing-small-v3}
+PRESET=${PRESET:-parsing-small-v3}  # several (space-separated): the ENSEMBLE's members take them in turn
+read -ra PRESETS <<< "$PRESET"
 SLOTS=${SLOTS:-words}  # what stands for a word in the target: xx (§6.3), tags, or words
 VOCAB=${VOCAB:-shared-words}  # shared-words or separate (source BPE, target symbols)
 CONSTRAINED=${CONSTRAINED:-1}  # 1: the search writes only trees over the sentence's words
@@ -38,7 +40,7 @@ SIGNATURES=${SIGNATURES:-3}  # N > 0: source words seen < N times in training be
 AUGMENT=${AUGMENT:-2}  # K > 0: K rounds of new training trees by subtree substitution
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
 EVAL_SPLITS=${EVAL_SPLITS:-valid test}
-ENSEMBLE=${ENSEMBLE:-1}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
+ENSEMBLE=${ENSEMBLE:-${#PRESETS[@]}}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
 A=${AIAYN:-.venv/bin/aiayn}
 if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
   # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
@@ -81,7 +83,8 @@ for k in $(seq 1 "$ENSEMBLE"); do
   SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, model; run2, model2; ...
   RESUME=""
   [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
-  $A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "$PRESET" --time-budget "$EACH" \
+  MEMBER_PRESET=${PRESETS[$(( (k - 1) % ${#PRESETS[@]} ))]}
+  $A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "$MEMBER_PRESET" --time-budget "$EACH" \
       --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
       --seed "$k" $RESUME ${TRAIN_ARGS:-}
   $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite

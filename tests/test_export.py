@@ -158,6 +158,7 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
 
 @pytest.mark.parametrize("overrides, option", [
     (dict(attn_window=2), "attn_window"),
+    (dict(pointer=True), "pointer"),
     (dict(d_k=16, d_v=8), "d_v=8"),
     (dict(arch="rnn", rnn_emb=8, rnn_hidden=8, rnn_attn=8), "arch='rnn'"),
 ])

@@ -161,3 +161,6 @@ def test_recipe_presets_are_found_by_name():
     assert get_preset("parsing-small-wd") == replace(small, p_word_drop=0.1) and small.p_word_drop == 0
     assert get_preset("parsing-small-v2") == replace(small, p_word_drop=0.1, p_drop=0.2) and small.p_drop == 0.3
     assert get_preset("parsing-small-v3") == replace(small, p_word_drop=0.1, p_drop=0.15)
+    # the ensemble partner: v3 with the pointer (not in the paper), nothing else changed
+    assert get_preset("parsing-small-v3-pointer") == replace(get_preset("parsing-small-v3"), pointer=True)
+    assert not get_preset("parsing-small-v3").pointer and not get_preset("parsing").pointer

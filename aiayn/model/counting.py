@@ -28,7 +28,8 @@ def matmul_weights_per_token(cfg: Config) -> dict[str, int]:
     ffn = 2 * d * cfg.d_ff
     return {
         "encoder": cfg.n_layers * (attn + ffn),
-        "decoder": cfg.n_layers * (2 * attn + ffn),
+        # with Config.pointer, one more d x d projection per decoder input
+        "decoder": cfg.n_layers * (2 * attn + ffn) + (d * d if cfg.pointer else 0),
         "output": d * cfg.tgt_vocab,
     }
 

@@ -19,7 +19,8 @@ and saved. What maps one to one:
   to each source itself (`add_source_eos`), as our batches do.
 
 Refused with a `UserError` naming the option: `arch` other than the Transformer, `attn_window` (CTranslate2 has no two-sided window
-for the encoder) and d_k != d_v (it has one head size for queries, keys and values).
+for the encoder), `pointer` (nothing in its decoder reads the encoder output at an input) and
+d_k != d_v (it has one head size for queries, keys and values).
 
 Two behaviours stay with the caller: aiayn's searches never emit PAD or BOS, so pass
 `suppress_sequences=[["<pad>"], ["<s>"]]` (our piece names) to `translate_batch` for identical
@@ -59,6 +60,9 @@ def check_exportable(cfg: Config) -> None:
     if cfg.attn_window is not None:
         raise UserError(f"cannot export attn_window={cfg.attn_window} to CTranslate2: it has no "
                         "restricted (windowed) self-attention for the encoder")
+    if cfg.pointer:
+        raise UserError("cannot export pointer=true to CTranslate2: its decoder inputs have no "
+                        "place for the encoder output the pointer adds")
     if cfg.head_dim_k != cfg.head_dim_v:
         raise UserError(f"cannot export d_k={cfg.head_dim_k} with d_v={cfg.head_dim_v} to "
                         "CTranslate2: it uses one head size for queries, keys and values")

@@ -54,12 +54,18 @@ PARSING_SMALL_V2 = replace(PARSING_SMALL_WD, p_drop=0.2)
 # 0.1 gave 79.87 in e21, and word dropout 0.2 on top 80.48 in e22). The recipe's default.
 PARSING_SMALL_V3 = replace(PARSING_SMALL_V2, p_drop=0.15)
 
+# `parsing-small-v3-pointer`: `parsing-small-v3` whose decoder inputs also read the encoder output
+# at the next word to place (Config.pointer; docs/parsing.md, runs p0-p3): alone no better on dev,
+# but it errs elsewhere than v3, so one of each make a better ensemble than two of either.
+PARSING_SMALL_V3_POINTER = replace(PARSING_SMALL_V3, pointer=True)
+
 PRESETS = {
     "parsing-cpu": PARSING_CPU,
     "parsing-small": PARSING_SMALL,
     "parsing-small-wd": PARSING_SMALL_WD,
     "parsing-small-v2": PARSING_SMALL_V2,
     "parsing-small-v3": PARSING_SMALL_V3,
+    "parsing-small-v3-pointer": PARSING_SMALL_V3_POINTER,
 }
 
 SOURCE, TARGET, GOLD = "words", "tree", "gold"  # corpus file suffixes; also prepare's "languages"

@@ -21,7 +21,7 @@ from torch import nn
 from aiayn.config import Config
 from aiayn.special import PAD_ID
 from aiayn.training.distributed import DistEnv, all_reduce
-from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.loss import LossSums, label_smoothed_loss, symmetric_kl
 from aiayn.training.precision import Precision
 from aiayn.training.schedule import lr_at, set_lr
 
@@ -75,6 +75,23 @@ class Updater:
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
 
+    def _losses(self, b: Any) -> LossSums:
+        """The micro-batch's summed training loss and NLL: label-smoothed (§5.4), or with
+        `Config.rdrop_alpha` R-Drop's two passes (the batch twice, in one forward)."""
+        alpha = self.cfg.rdrop_alpha
+        with self.precision.autocast():
+            if alpha > 0:
+                logits = self.model(torch.cat([b.src, b.src]), torch.cat([b.tgt_in, b.tgt_in]))
+            else:
+                logits = self.model(b.src, b.tgt_in)  # (B, T, V)
+        eps = self.cfg.eps_ls
+        if alpha <= 0:
+            return label_smoothed_loss(logits, b.tgt_out, eps)
+        la, lb = logits.chunk(2)  # (B, T, V) each, different dropout masks
+        a, c = label_smoothed_loss(la, b.tgt_out, eps), label_smoothed_loss(lb, b.tgt_out, eps)
+        kl = symmetric_kl(la, lb, b.tgt_out)
+        return LossSums((a.smoothed + c.smoothed) / 2 + alpha * kl, (a.nll + c.nll) / 2, a.n_tokens)
+
     def update(self, micro_batches: Sequence[Any], step: int, lr_factor: float = 1.0) -> UpdateResult:
         """Forward/backward every micro-batch of this rank, then one optimizer step at schedule
         step `step` (>= 1), at Eq. 3's rate times `lr_factor` (the cooldown's), unless the loss or
@@ -94,9 +111,7 @@ class Updater:
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if (last or not self.is_ddp) else self.model.no_sync()
             with sync:
-                with prec.autocast():
-                    logits = self.model(b.src, b.tgt_in)  # (B, T, V)
-                out = label_smoothed_loss(logits, b.tgt_out, self.cfg.eps_ls)
+                out = self._losses(b)
                 loss = out.smoothed * scale
                 if prec.scaler is not None:
                     loss = prec.scaler.scale(loss)

@@ -170,8 +170,26 @@ class Trainer:
         np.random.seed(self.seed % 2**32)
         torch.manual_seed(self.seed)
         model = build_model(self.cfg).to(self.env.device)
+        if self.cfg.pointer:
+            model.set_pointer_slots(self._pointer_slots().to(self.env.device))
         torch.manual_seed(dist_.rank_seed(self.seed, self.env.rank))
         return model
+
+    def _pointer_slots(self) -> torch.Tensor:
+        """`Config.pointer`'s slot tokens: the word slots of a target vocabulary of linearized
+        trees, over a source read one token per word (a UserError, one line, otherwise)."""
+        from aiayn.parsing.constrain import TreeVocabulary
+
+        d = self.data
+        if d.manifest["options"]["model_type"] != "word":
+            raise UserError(f"pointer=true needs one source token per word (aiayn prepare "
+                            f"--model-type word); {d.directory} has a "
+                            f"{d.manifest['options']['model_type']} source vocabulary")
+        slots = TreeVocabulary.from_tokenizer(d.tgt_tokenizer).slot
+        if not bool(slots.any()):
+            raise UserError(f"pointer=true needs targets of linearized trees (aiayn treebank); "
+                            f"the target vocabulary of {d.directory} has no word slots")
+        return slots
 
     def _restore(self, state: dict[str, Any]) -> None:
         from aiayn.model.io import load_state_checked, read_weights
@@ -431,6 +449,8 @@ class Trainer:
         pairs = max(split["pairs"], 1)
         per_token = flops_per_target_token(self.cfg, split["src_tokens"] / pairs + 1,  # + EOS
                                            split["tgt_tokens"] / pairs + 1)
+        if self.cfg.rdrop_alpha > 0:  # R-Drop runs every batch through the model twice
+            per_token *= 2
         summary = build_summary(
             self.progress, per_token, self.step, stopped_by, self._meta()["epoch"], wall,
             self.options.peak_tflops, self.env.world_size, precision=self.precision.name,
