@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("download", "fetch a public data set with checksums"),
     "export": ("export", "convert a model for another inference engine (CTranslate2)"),
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
+    "train-chart": ("train_chart", "train a span-based chart parser on a treebank corpus (not in the paper)"),
     "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
     "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
     "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),

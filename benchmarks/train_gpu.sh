@@ -8,6 +8,7 @@
 # $OUT/train_gpu.jsonl; MFU is against PEAK_TFLOPS (default: the H100 SXM's dense bf16 989.4).
 #
 #     OUT=runs/gpu bash benchmarks/train_gpu.sh          # python3 with torch+CUDA, from the repo root
+#     COMPILE=0 OUT=runs/gpu bash benchmarks/train_gpu.sh  # the eager rows only
 set -euo pipefail
 OUT=${OUT:-runs/gpu}
 PEAK=${PEAK_TFLOPS:-989.4}
@@ -34,8 +35,12 @@ EOF
 
 COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 12500 --lengths 10 60 --pairs 6000
         --windows 3 --steps 5 --peak-tflops "$PEAK" --json)
-for config in base big; do
-  for run in "torch" "aiayn" "aiayn --compile --warmup 30"; do
+# eager rows first, the compiled ones (a minute or more of compiling each) after them;
+# COMPILE=0 leaves the compiled rows out
+RUNS=("torch" "aiayn")
+[ "${COMPILE:-1}" = 1 ] && RUNS+=("aiayn --compile --warmup 30")
+for run in "${RUNS[@]}"; do
+  for config in base big; do
     echo "== $config: $run" >&2
     # shellcheck disable=SC2086
     AIAYN_ALLOCATOR=system $PY benchmarks/train_systems.py --system $run --config $config "${COMMON[@]}" \

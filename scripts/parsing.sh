@@ -23,8 +23,16 @@
 # `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
 # ENSEMBLE=N trains N models one after the other, MINUTES/N minutes each with seeds 1..N (runs
 # $OUT/run, $OUT/run2, ...), and parses with their ensemble (`aiayn parse --model A B`); PRESET
-# may name several presets, which the members take in turn (ENSEMBLE defaults to their number).
-# A killed run resumes.
+# may name several presets, which the members take in turn (ENSEMBLE defaults to their number);
+# a member's preset may carry config changes, `parsing-small-v3:p_drop=0.2,eps_ls=0.05` meaning
+# `--preset parsing-small-v3 --set p_drop=0.2 eps_ls=0.05`. PARALLEL=1 trains the members at once, each for
+# MINUTES (on one GPU, which small models leave mostly idle; logs in $OUT/runK.log). A killed run
+# resumes. PYTHON and AIAYN name the interpreter and the command (default: .venv's).
+# PARSER=chart (not in the paper) trains the span-based chart parser instead (`aiayn train-chart`,
+# aiayn/parsing/chart.py: the paper's encoder, a score per span and label, CKY): no prepare, no
+# beam search. CHART lists its members' config changes, space-separated, each a comma-separated
+# NAME=VALUE list or `-` for the defaults (ENSEMBLE defaults to their number), e.g.
+# CHART="- d_model=256,d_ff=1024,n_heads=8,d_span=256"; finished members are kept on a rerun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SETUP:-1}" = 1 ] && bash scripts/setup.sh
@@ -39,12 +47,20 @@ CONSTRAINED=${CONSTRAINED:-1}  # 1: the search writes only trees over the senten
 SIGNATURES=${SIGNATURES:-3}  # N > 0: source words seen < N times in training become signatures
 AUGMENT=${AUGMENT:-2}  # K > 0: K rounds of new training trees by subtree substitution
 SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
-EVAL_SPLITS=${EVAL_SPLITS:-valid test}
-ENSEMBLE=${ENSEMBLE:-${#PRESETS[@]}}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
+EVAL_SPLITS=${EVAL_SPLITS-valid test}  # empty: train only
+PARSER=${PARSER:-seq2seq}  # seq2seq (§6.3) or chart (not in the paper)
+read -ra CHARTS <<< "${CHART:--}"
+MEMBERS=${#PRESETS[@]}; [ "$PARSER" = chart ] && MEMBERS=${#CHARTS[@]}
+ENSEMBLE=${ENSEMBLE:-$MEMBERS}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
+PARALLEL=${PARALLEL:-0}  # 1: train the ENSEMBLE's members at once, MINUTES each
 A=${AIAYN:-.venv/bin/aiayn}
+PY=${PYTHON:-.venv/bin/python}
 if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
   # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
   echo "scripts/parsing.sh: SIGNATURES=$SIGNATURES needs VOCAB=shared-words (with VOCAB=$VOCAB set SIGNATURES=0)" >&2; exit 2
+fi
+if [ "$PARSER" != seq2seq ] && [ "$PARSER" != chart ]; then
+  echo "scripts/parsing.sh: PARSER must be seq2seq or chart (got '$PARSER')" >&2; exit 2
 fi
 if ! [ "$ENSEMBLE" -ge 1 ] 2>/dev/null; then
   echo "scripts/parsing.sh: ENSEMBLE must be a number of models, 1 or more (got '$ENSEMBLE')" >&2; exit 2
@@ -55,41 +71,73 @@ set -x
 # with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
     --signatures "$SIGNATURES" --augment "$AUGMENT" --overwrite ${TREEBANK_ARGS:-}
-SRC_LANG=words
-[ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
-corpus_info() { .venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$OUT/corpus/corpus.json" "$1"; }
-if [ "$VOCAB" = shared-words ]; then
-  # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
-  # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
-  # XX already); a word is then the same id and embedding in the source and the target
-  # (with signatures every training word left fits: the corpus counts them)
-  WORDS=${WORD_VOCAB:-8000}
-  if [ "$SIGNATURES" -gt 0 ]; then FITS=$(corpus_info vocabulary); WORDS=$(( WORDS < FITS ? WORDS : FITS )); fi
-  VOCAB_ARGS=(--model-type word --vocab-size "$WORDS")
-else
-  # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
-  # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
-  # into `(` + `NP`
-  SYMBOLS=$(corpus_info train_target_symbols)
-  VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
-              --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
-fi
-$A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
-    --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
-# a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
-EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
 MODELS=()
-for k in $(seq 1 "$ENSEMBLE"); do
-  SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, model; run2, model2; ...
-  RESUME=""
-  [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
-  MEMBER_PRESET=${PRESETS[$(( (k - 1) % ${#PRESETS[@]} ))]}
-  $A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "$MEMBER_PRESET" --time-budget "$EACH" \
-      --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250 --eval-bleu-sentences 0 \
-      --seed "$k" $RESUME ${TRAIN_ARGS:-}
-  $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
-  MODELS+=("$OUT/model$SUFFIX")
-done
+if [ "$PARSER" = chart ]; then
+  EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
+  PARSE_CONSTRAINT=""  # CKY: every output is a tree over the words
+  for k in $(seq 1 "$ENSEMBLE"); do
+    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k
+    SETS=${CHARTS[$(( (k - 1) % ${#CHARTS[@]} ))]}
+    SETARGS=()
+    if [ "$SETS" != - ]; then IFS=, read -ra SETARGS <<< "$SETS"; SETARGS=(--set "${SETARGS[@]}"); fi
+    [ -e "$OUT/model$SUFFIX/chart.json" ] || $A train-chart --corpus "$OUT/corpus" --out "$OUT/model$SUFFIX" \
+        --minutes "$EACH" --seed "$k" --overwrite "${SETARGS[@]}" ${TRAIN_ARGS:-}
+    MODELS+=("$OUT/model$SUFFIX")
+  done
+else
+  SRC_LANG=words
+  [ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
+  corpus_info() { $PY -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$OUT/corpus/corpus.json" "$1"; }
+  if [ "$VOCAB" = shared-words ]; then
+    # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
+    # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
+    # XX already); a word is then the same id and embedding in the source and the target
+    # (with signatures every training word left fits: the corpus counts them)
+    WORDS=${WORD_VOCAB:-8000}
+    if [ "$SIGNATURES" -gt 0 ]; then FITS=$(corpus_info vocabulary); WORDS=$(( WORDS < FITS ? WORDS : FITS )); fi
+    VOCAB_ARGS=(--model-type word --vocab-size "$WORDS")
+  else
+    # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
+    # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
+    # into `(` + `NP`
+    SYMBOLS=$(corpus_info train_target_symbols)
+    VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
+                --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
+  fi
+  $A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
+      --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
+  # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
+  EACH=$MINUTES
+  [ "$PARALLEL" = 1 ] || EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
+  PIDS=()
+  for k in $(seq 1 "$ENSEMBLE"); do
+    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, model; run2, model2; ...
+    RESUME=""
+    [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
+    MEMBER=${PRESETS[$(( (k - 1) % ${#PRESETS[@]} ))]}  # NAME or NAME:FIELD=VALUE,FIELD=VALUE
+    SETS=()
+    if [[ "$MEMBER" == *:* ]]; then IFS=, read -ra SETS <<< "${MEMBER#*:}"; SETS=(--set "${SETS[@]}"); fi
+    TRAIN=($A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "${MEMBER%%:*}" "${SETS[@]}"
+           --time-budget "$EACH" --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250
+           --eval-bleu-sentences 0 --seed "$k" $RESUME ${TRAIN_ARGS:-})
+    if [ "$PARALLEL" = 1 ]; then
+      "${TRAIN[@]}" --no-progress > "$OUT/run$SUFFIX.log" 2>&1 &
+      PIDS+=($!)
+    else
+      "${TRAIN[@]}"
+    fi
+    MODELS+=("$OUT/model$SUFFIX")
+  done
+  for k in "${!PIDS[@]}"; do
+    SUFFIX=""; [ "$k" -gt 0 ] && SUFFIX=$((k + 1))
+    wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "$OUT/run$SUFFIX.log" >&2; echo "scripts/parsing.sh: training $OUT/run$SUFFIX failed (log: $OUT/run$SUFFIX.log)" >&2; exit 1; }
+    grep -E "^(done|final dev)" "$OUT/run$SUFFIX.log" | sed "s|^|run$SUFFIX: |"
+  done
+  for k in $(seq 1 "$ENSEMBLE"); do
+    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k
+    $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
+  done
+fi
 for split in $EVAL_SPLITS; do
   $A parse --model "${MODELS[@]}" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
       --linearized "$OUT/$split.lin" --overwrite --progress $PARSE_CONSTRAINT ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"

@@ -39,6 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="not in the paper: let the search write only well-formed trees over "
                         "exactly the input's words, so nothing is repaired "
                         "(aiayn/parsing/constrain.py)")
+    p.add_argument("--votes", nargs="+", metavar="FILE",
+                   help="chart parsers only (not in the paper): other parsers' trees of the same "
+                        "input, one file per parser, one tree a line; each of their labelled "
+                        "spans adds --vote-weight to that span's score before CKY")
+    p.add_argument("--vote-weight", type=float, default=1.0, metavar="W",
+                   help="what each voted span adds to its label's log-probability gain (default 1)")
+    p.add_argument("--span-bonus", type=float, default=0.0, metavar="B",
+                   help="chart parsers only: added to every label's log-probability gain over "
+                        "'no constituent' (> 0: more brackets; default 0)")
     p.add_argument("--progress", action="store_true",
                    help="show a progress bar on stderr (default: when stderr is a terminal)")
     add_search_arguments(p)
@@ -49,10 +58,20 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
-    from aiayn.io import atomic_write, check_writable
+    from aiayn.io import check_writable
     from aiayn.model.io import read_config
     from aiayn.parsing.parse import parse_lines
 
+    from aiayn.parsing.chart import is_chart_model
+
+    charts = [is_chart_model(m) for m in args.model]
+    if any(charts):
+        if not all(charts):
+            raise UserError("--model: chart parsers (aiayn train-chart) and sequence-to-sequence "
+                            "models cannot parse as one ensemble")
+        return _chart_main(args)
+    if args.votes or args.span_bonus:
+        raise UserError("--votes and --span-bonus need chart parsers (aiayn train-chart) as --model")
     options = search_options(args)
     try:
         SearchOptions(**options).validate(read_config(args.model[0]))
@@ -75,7 +94,47 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     res = parse_lines(translator, lines, progress=args.progress or sys.stderr.isatty(),
                       constrained=args.constrained)
-    text = "".join(t + "\n" for t in res.trees)
+    _write(args, res.trees, res.outputs)
+    print(f"aiayn parse: {len(lines)} sentences in {res.seconds:.1f}s "
+          f"({res.sentences_per_second:.2f} sentences/s); {res.repairs.summary()}", file=sys.stderr)
+    return 0
+
+
+def _chart_main(args: argparse.Namespace) -> int:
+    """`aiayn parse` with chart parsers (aiayn/parsing/chart.py): CKY over span scores, so every
+    tree is well formed over exactly the input's words; the search options do not apply."""
+    import time
+
+    import torch
+
+    from aiayn.commands.translate import read_input
+    from aiayn.io import check_writable
+    from aiayn.parsing.chart import chart_parse, load_chart
+
+    for path in (args.output, args.linearized):
+        if path is not None:
+            check_writable(path, args.overwrite)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    models = [load_chart(m) for m in args.model]
+    lines = read_input(args.input)
+    votes = _read_votes(args.votes, lines) if args.votes else None
+    start = time.perf_counter()
+    trees = chart_parse(models, lines, progress=args.progress or sys.stderr.isatty(), votes=votes,
+                        vote_weight=args.vote_weight, span_bonus=args.span_bonus)
+    seconds = time.perf_counter() - start
+    _write(args, trees, trees)  # a chart parser's output is the tree itself
+    print(f"aiayn parse: {len(lines)} sentences in {seconds:.1f}s "
+          f"({len(lines) / max(seconds, 1e-9):.2f} sentences/s); chart parser, no repairs needed",
+          file=sys.stderr)
+    return 0
+
+
+def _write(args: argparse.Namespace, trees: list[str], linearized: list[str]) -> None:
+    """The trees to --output (atomically) or stdout, the raw outputs to --linearized if asked."""
+    from aiayn.io import atomic_write
+
+    text = "".join(t + "\n" for t in trees)
     if args.output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -84,7 +143,33 @@ def main(args: argparse.Namespace) -> int:
             f.write(text)
     if args.linearized is not None:
         with atomic_write(args.linearized) as f:
-            f.write("".join(o + "\n" for o in res.outputs))
-    print(f"aiayn parse: {len(lines)} sentences in {res.seconds:.1f}s "
-          f"({res.sentences_per_second:.2f} sentences/s); {res.repairs.summary()}", file=sys.stderr)
-    return 0
+            f.write("".join(o + "\n" for o in linearized))
+
+
+def _read_votes(paths: list[str], lines: list[str]) -> list[list]:
+    """Per input line, the trees of every --votes file at that line (nltk trees); a file of
+    another length, a tree that does not read, or one over other words is one error line."""
+    from pathlib import Path
+
+    from aiayn.errors import UserError
+    from aiayn.parsing.treebank import parse_tree
+
+    votes: list[list] = [[] for _ in lines]
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"--votes {p}: no such file")
+        try:
+            rows = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"--votes {p}: not UTF-8 ({e.reason} at byte {e.start})") from None
+        if len(rows) != len(lines):
+            raise UserError(f"--votes {p}: {len(rows)} lines, but the input has {len(lines)}")
+        for k, (row, line) in enumerate(zip(rows, lines)):
+            if not line.split():
+                continue
+            tree = parse_tree(row, f"{p}:{k + 1}")
+            if tree.leaves() != line.split():
+                raise UserError(f"{p}:{k + 1}: the tree is over other words than input line {k + 1}")
+            votes[k].append(tree)
+    return votes

@@ -1,0 +1,281 @@
+"""The chart parser (aiayn/parsing/chart.py): spans of hand-built trees, CKY against brute force
+over every binary bracketing, decoding gold scores back to the gold tree, batched = one at a time,
+an ensemble of one model twice = that model, and `aiayn train-chart` + `aiayn parse` end to end
+on a tiny corpus it learns exactly."""
+
+import itertools
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from nltk.tree import Tree
+
+from aiayn.cli import main
+from aiayn.parsing.chart import (NONE, ChartConfig, ChartModel, SpanParser, chart_parse, cky, decode_tree,
+                                 encode, model_words, span_targets, span_votes, spans_to_tree, tree_spans)
+from aiayn.parsing.signatures import signature
+
+TREES = [
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
+    "(S (NP (NNP John)) (VP (VBD ran)))",
+    "(SINV (S (VP (VB Go))) (, ,) (VP (VBD said)) (NP (PRP he)) (. .))",
+    "(NP (NN Hello))",
+]
+
+
+def xx(line: str) -> str:
+    """The tree with every part-of-speech tag written XX (what the chart parser outputs)."""
+    t = Tree.fromstring(line)
+    for pos in t.treepositions("leaves"):
+        t[pos[:-1]].set_label("XX")
+    return t.pformat(margin=1 << 30)
+
+
+def test_spans_of_a_hand_built_tree():
+    assert tree_spans(Tree.fromstring(TREES[0])) == [
+        (0, 7, "S"), (0, 2, "NP"), (2, 6, "VP"), (3, 6, "PP"), (4, 6, "NP")]
+    # a unary chain is one label, top first; a constituent over one word is a span of length 1
+    assert tree_spans(Tree.fromstring(TREES[2])) == [
+        (0, 5, "SINV"), (0, 1, "S+VP"), (2, 3, "VP"), (3, 4, "NP")]
+    assert tree_spans(Tree.fromstring(TREES[3])) == [(0, 1, "NP")]
+
+
+@pytest.mark.parametrize("line", TREES)
+def test_spans_back_to_the_tree(line):
+    t = Tree.fromstring(line)
+    assert spans_to_tree(t.leaves(), tree_spans(t)) == xx(line)
+
+
+def _brackets(i, j):
+    """Every binary bracketing of fenceposts i..j: lists of its spans."""
+    if j - i == 1:
+        yield [(i, j)]
+        return
+    for k in range(i + 1, j):
+        for left in _brackets(i, k):
+            for right in _brackets(k, j):
+                yield [(i, j)] + left + right
+
+
+@pytest.mark.parametrize("n,seed", [(1, 0), (2, 1), (4, 2), (6, 3), (6, 4)])
+def test_cky_finds_the_best_bracketing_that_brute_force_finds(n, seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(n + 1, n + 1))
+    best = max(sum(scores[s] for s in b) for b in _brackets(0, n))
+    spans = cky(scores)
+    assert len(spans) == 2 * n - 1 and spans[0] == (0, n)
+    assert math.isclose(sum(scores[s] for s in spans), best)
+    assert sorted(spans) in [sorted(b) for b in _brackets(0, n)]
+
+
+def _gold_log_probs(line: str, labels: list[str], p: float = 0.9) -> np.ndarray:
+    t = Tree.fromstring(line)
+    n = len(t.leaves())
+    lp = np.full((n + 1, n + 1, len(labels)), math.log((1 - p) / (len(labels) - 1)))
+    lp[..., 0] = math.log(p)
+    for i, j, lab in tree_spans(t):
+        lp[i, j] = math.log((1 - p) / (len(labels) - 1))
+        lp[i, j, labels.index(lab)] = math.log(p)
+    return lp
+
+
+@pytest.mark.parametrize("line", TREES)
+def test_decoding_gold_probabilities_gives_the_gold_tree(line):
+    labels = [NONE, "S", "NP", "VP", "PP", "SINV", "S+VP"]
+    words = Tree.fromstring(line).leaves()
+    assert decode_tree(_gold_log_probs(line, labels), words, labels) == xx(line)
+
+
+def test_the_whole_sentence_is_labelled_even_when_none_wins_there():
+    labels = [NONE, "S", "NP"]
+    lp = np.log(np.full((4, 4, 3), [0.98, 0.01, 0.01]))  # "none" best everywhere
+    lp[0, 3] = np.log([0.5, 0.2, 0.3])
+    tree = decode_tree(lp, ["a", "b", "c"], labels)
+    assert tree == "(NP (XX a) (XX b) (XX c))"
+
+
+def test_span_targets_label_the_constituents_and_ignore_the_rest():
+    t = span_targets([(0, 3, 2), (0, 1, 1)], 3)
+    assert t[0, 3] == 2 and t[0, 1] == 1 and t[1, 2] == 0 and t[1, 3] == 0
+    assert (t[torch.tril(torch.ones(4, 4, dtype=torch.bool))] == -100).all()
+
+
+def test_model_words_use_a_signature_only_when_the_vocabulary_has_it():
+    index = {"the": 4, signature("Xylophones"): 5}
+    assert model_words(["the", "Xylophones", "zzq"], index) == ["the", signature("Xylophones"), "zzq"]
+
+
+def _tiny_model(seed=0):
+    torch.manual_seed(seed)
+    cfg = ChartConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_span=16, p_drop=0.0, p_word_drop=0.0)
+    words = ["<pad>", "<unk>", "<s>", "</s>", "a", "b", "c", "d"]
+    return ChartModel(SpanParser(cfg, len(words), 4).eval(), words, [NONE, "S", "NP", "VP"])
+
+
+def test_batched_scores_equal_one_sentence_at_a_time():
+    m = _tiny_model()
+    sents = [["a", "b", "c", "d", "a"], ["b"], ["c", "a"]]
+    with torch.no_grad():
+        batch = m.model(encode(sents, m.index))  # (3, 6, 6, 4)
+        for b, s in enumerate(sents):
+            alone = m.model(encode([s], m.index))[0]
+            f = len(s) + 1
+            torch.testing.assert_close(batch[b, :f, :f], alone[:f, :f], atol=1e-5, rtol=1e-5)
+
+
+def test_span_scores_equal_the_mlp_on_each_span_built_by_hand():
+    """The factorized span layer (once per fencepost) against [f_j - f_i ; b_i - b_j] per span."""
+    m = _tiny_model(2).model
+    ids = encode([["a", "b", "c", "d"], ["d", "a"]], _tiny_model().index)
+    with torch.no_grad():
+        out = m(ids)
+        h = m.encode(ids)
+        half = h.size(-1) // 2
+        for b, n in enumerate([4, 2]):
+            for i in range(n + 1):
+                for j in range(i + 1, n + 1):
+                    fwd = lambda k: h[b, k, :half]  # noqa: E731 - token k, left of fencepost k
+                    bwd = lambda k: h[b, k + 1, half:]  # noqa: E731 - token k+1, right of it
+                    x = torch.cat([fwd(j) - fwd(i), bwd(i) - bwd(j)])
+                    ref = m.span_out(torch.relu(m.span_norm(m.span_hidden(x))))
+                    torch.testing.assert_close(out[b, i, j], ref, atol=1e-5, rtol=1e-5)
+        lower = torch.ones(5, 5, dtype=torch.bool).tril()  # i >= j: not spans
+        assert (out[1, :, 3:] == 0).all() and (out[0][lower] == 0).all()
+
+
+def test_parses_are_trees_over_the_words_and_an_ensemble_of_one_model_twice_is_that_model():
+    m = _tiny_model(1)
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice("abcdxy") for _ in range(rng.randint(1, 9))) for _ in range(12)] + [""]
+    one, two = chart_parse([m], lines), chart_parse([m, m], lines)
+    assert one == two and one[-1] == ""
+    for line, tree in zip(lines[:-1], one):
+        assert Tree.fromstring(tree).leaves() == line.split()
+
+
+def test_train_chart_and_parse_end_to_end(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    gold = [Tree.fromstring(t) for t in TREES]
+    for split in ("train", "valid"):
+        (corpus / f"{split}.words").write_text("".join(" ".join(t.leaves()) + "\n" for t in gold))
+        (corpus / f"{split}.gold").write_text("".join(t.pformat(margin=1 << 30) + "\n" for t in gold))
+    out = tmp_path / "chart"
+    code = main(["train-chart", "--corpus", str(corpus), "--out", str(out), "--max-steps", "150",
+                 "--no-progress", "--set", "d_model=32", "d_ff=64", "n_heads=4", "d_span=32",
+                 "p_drop=0", "p_word_drop=0", "warmup_steps=20"])
+    assert code == 0, capsys.readouterr().err
+    meta = json.loads((out / "chart.json").read_text())
+    assert meta["kind"] == "chart" and meta["info"]["steps"] == 150 and meta["info"]["averaged"] == 5
+    trees = tmp_path / "trees"
+    assert main(["parse", "--model", str(out), "--input", str(corpus / "train.words"),
+                 "--output", str(trees)]) == 0
+    # four trees, 150 updates: learnt by heart
+    assert trees.read_text().splitlines() == [xx(t) for t in TREES]
+    capsys.readouterr()
+    assert main(["train-chart", "--corpus", str(corpus), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and err.count("\n") == 1
+    assert main(["train-chart", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
+                 "--set", "d_model=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "d_model=abc" in err and err.count("\n") == 1
+
+
+def test_a_chart_parser_and_a_sequence_model_do_not_ensemble(tmp_path, capsys):
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    (chart / "chart.json").write_text(json.dumps({"kind": "chart"}))
+    other = tmp_path / "other"
+    other.mkdir()
+    assert main(["parse", "--model", str(chart), str(other), "--input", str(tmp_path / "in")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot parse as one ensemble" in err and err.count("\n") == 1
+
+
+def test_the_config_refuses_bad_values():
+    from aiayn.errors import UserError
+
+    with pytest.raises(UserError, match="n_heads"):
+        ChartConfig(d_model=30, n_heads=4)
+    with pytest.raises(UserError, match="p_drop"):
+        ChartConfig(p_drop=1.0)
+
+
+def test_every_bracketing_of_four_words_is_reachable():
+    """CKY with scores that favour one bracketing returns exactly it, for all five of n = 4."""
+    for b in _brackets(0, 4):
+        scores = np.full((5, 5), -1.0)
+        for s in b:
+            scores[s] = 1.0
+        assert sorted(cky(scores)) == sorted(b)
+    assert len(list(itertools.islice(_brackets(0, 4), 10))) == 5
+
+
+def test_span_votes_add_the_weight_per_tree_and_skip_unknown_labels():
+    a = Tree.fromstring("(S (NP (XX a) (XX b)) (VP (XX c)))")
+    b = Tree.fromstring("(S (XX a) (FRAG (XX b) (XX c)))")
+    v = span_votes([a, b], 3, [NONE, "S", "NP", "VP"], 0.5)
+    assert v[0, 3, 1] == 1.0 and v[0, 2, 2] == 0.5 and v[2, 3, 3] == 0.5
+    assert v.sum() == 2.0  # FRAG is not a label of the model: no vote
+
+
+def test_heavy_votes_make_the_chart_write_the_voted_spans():
+    m = _tiny_model(3)
+    voted = "(S (NP (XX a) (XX b)) (VP (XX c) (NP (XX d))))"
+    out = chart_parse([m], ["a b c d"], votes=[[Tree.fromstring(voted)]], vote_weight=100.0)
+    # every voted span is written; the model may add spans of its own that cross none of them
+    assert set(tree_spans(Tree.fromstring(voted))) <= set(tree_spans(Tree.fromstring(out[0])))
+    unvoted = chart_parse([m], ["a b c d"])
+    assert not set(tree_spans(Tree.fromstring(voted))) <= set(tree_spans(Tree.fromstring(unvoted[0])))
+
+
+def test_parse_with_votes_from_the_command_line(tmp_path, capsys):
+    import shutil
+
+    from aiayn.parsing.chart import save_chart
+
+    model = tmp_path / "chart"
+    save_chart(_tiny_model(4), model, {})
+    (tmp_path / "in").write_text("a b c d\n\nb a\n")
+    votes = tmp_path / "votes"
+    votes.write_text("(S (NP (XX a) (XX b)) (VP (XX c) (NP (XX d))))\n\n(S (XX b) (VP (XX a)))\n")
+    out = tmp_path / "out"
+    assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in"), "--output", str(out),
+                 "--votes", str(votes), "--vote-weight", "50"]) == 0
+    got = out.read_text().splitlines()
+    for want, tree in zip(votes.read_text().splitlines(), got):
+        if want:
+            assert set(tree_spans(Tree.fromstring(want))) <= set(tree_spans(Tree.fromstring(tree)))
+    assert len(got) == 3 and got[1] == ""
+    capsys.readouterr()
+    short = tmp_path / "short"
+    short.write_text("(S (XX a))\n")
+    assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in"), "--votes", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "1 lines, but the input has 3" in err and err.count("\n") == 1
+    other = tmp_path / "other"
+    other.write_text("(S (XX a) (XX b) (XX x) (XX d))\n\n(S (XX b) (XX a))\n")
+    assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in"), "--votes", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "other words than input line 1" in err and err.count("\n") == 1
+    seq = tmp_path / "seq"
+    shutil.copytree(model, seq)
+    (seq / "chart.json").unlink()
+    assert main(["parse", "--model", str(seq), "--input", str(tmp_path / "in"), "--votes", str(votes)]) == 2
+    assert "need chart parsers" in capsys.readouterr().err
+
+
+def test_a_span_bonus_adds_brackets_and_a_penalty_removes_them():
+    m = _tiny_model(5)
+    lines = ["a b c d a b c", "d c b a"]
+    count = lambda trees: sum(t.count("(") for t in trees)  # noqa: E731
+    few, base, many = (chart_parse([m], lines, span_bonus=b) for b in (-50.0, 0.0, 50.0))
+    assert count(few) <= count(base) <= count(many)
+    # -50: only the whole sentence (and words); +50: a full binary bracketing, 2n - 1 spans
+    assert few == ["(" + chart_parse([m], [line])[0].split()[0][1:] + " " +
+                   " ".join(f"(XX {w})" for w in line.split()) + ")" for line in lines]
+    assert count(many) == sum(2 * len(line.split()) - 1 + len(line.split()) for line in lines)
