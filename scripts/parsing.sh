@@ -71,17 +71,20 @@ set -x
 # with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
 $A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
     --signatures "$SIGNATURES" --augment "$AUGMENT" --overwrite ${TREEBANK_ARGS:-}
+suffix() { [ "$1" -gt 1 ] && echo "$1" || true; }  # member k's run/model suffix: run, run2, ...
+set_args() {  # "F=V,G=W" -> SET_ARGS=(--set F=V G=W); "" or "-" -> SET_ARGS=()
+  SET_ARGS=()
+  if [ -n "$1" ] && [ "$1" != - ]; then IFS=, read -ra SET_ARGS <<< "$1"; SET_ARGS=(--set "${SET_ARGS[@]}"); fi
+}
 MODELS=()
 if [ "$PARSER" = chart ]; then
   EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
   PARSE_CONSTRAINT=""  # CKY: every output is a tree over the words
   for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k
-    SETS=${CHARTS[$(( (k - 1) % ${#CHARTS[@]} ))]}
-    SETARGS=()
-    if [ "$SETS" != - ]; then IFS=, read -ra SETARGS <<< "$SETS"; SETARGS=(--set "${SETARGS[@]}"); fi
+    SUFFIX=$(suffix "$k")
+    set_args "${CHARTS[$(( (k - 1) % ${#CHARTS[@]} ))]}"
     [ -e "$OUT/model$SUFFIX/chart.json" ] || $A train-chart --corpus "$OUT/corpus" --out "$OUT/model$SUFFIX" \
-        --minutes "$EACH" --seed "$k" --overwrite "${SETARGS[@]}" ${TRAIN_ARGS:-}
+        --minutes "$EACH" --seed "$k" --overwrite "${SET_ARGS[@]}" ${TRAIN_ARGS:-}
     MODELS+=("$OUT/model$SUFFIX")
   done
 else
@@ -111,13 +114,12 @@ else
   [ "$PARALLEL" = 1 ] || EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
   PIDS=()
   for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, model; run2, model2; ...
+    SUFFIX=$(suffix "$k")
     RESUME=""
     [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
     MEMBER=${PRESETS[$(( (k - 1) % ${#PRESETS[@]} ))]}  # NAME or NAME:FIELD=VALUE,FIELD=VALUE
-    SETS=()
-    if [[ "$MEMBER" == *:* ]]; then IFS=, read -ra SETS <<< "${MEMBER#*:}"; SETS=(--set "${SETS[@]}"); fi
-    TRAIN=($A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "${MEMBER%%:*}" "${SETS[@]}"
+    set_args ""; [[ "$MEMBER" == *:* ]] && set_args "${MEMBER#*:}"
+    TRAIN=($A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "${MEMBER%%:*}" "${SET_ARGS[@]}"
            --time-budget "$EACH" --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250
            --eval-bleu-sentences 0 --seed "$k" $RESUME ${TRAIN_ARGS:-})
     if [ "$PARALLEL" = 1 ]; then
@@ -129,12 +131,12 @@ else
     MODELS+=("$OUT/model$SUFFIX")
   done
   for k in "${!PIDS[@]}"; do
-    SUFFIX=""; [ "$k" -gt 0 ] && SUFFIX=$((k + 1))
+    SUFFIX=$(suffix $((k + 1)))
     wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "$OUT/run$SUFFIX.log" >&2; echo "scripts/parsing.sh: training $OUT/run$SUFFIX failed (log: $OUT/run$SUFFIX.log)" >&2; exit 1; }
     grep -E "^(done|final dev)" "$OUT/run$SUFFIX.log" | sed "s|^|run$SUFFIX: |"
   done
   for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k
+    SUFFIX=$(suffix "$k")
     $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
   done
 fi

@@ -105,8 +105,6 @@ def _chart_main(args: argparse.Namespace) -> int:
     tree is well formed over exactly the input's words; the search options do not apply."""
     import time
 
-    import torch
-
     from aiayn.commands.translate import read_input
     from aiayn.io import check_writable
     from aiayn.parsing.chart import chart_parse, load_chart
@@ -114,8 +112,6 @@ def _chart_main(args: argparse.Namespace) -> int:
     for path in (args.output, args.linearized):
         if path is not None:
             check_writable(path, args.overwrite)
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
     models = [load_chart(m) for m in args.model]
     lines = read_input(args.input)
     votes = _read_votes(args.votes, lines) if args.votes else None

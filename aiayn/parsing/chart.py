@@ -372,7 +372,11 @@ def encode(words_list: Sequence[Sequence[str]], index: dict[str, int]) -> Tensor
 def model_words(words: Sequence[str], index: dict[str, int]) -> list[str]:
     """A sentence as the model reads it: a word the vocabulary lacks as its signature when the
     vocabulary has that (as training saw rare words), else as it is (then UNK)."""
-    return [w if w in index or signature(w) not in index else signature(w) for w in words]
+    out = []
+    for w in words:
+        sig = w if w in index else signature(w)
+        out.append(sig if sig in index else w)
+    return out
 
 
 # --- training, saving, parsing -----------------------------------------------------------------
@@ -384,9 +388,8 @@ class ChartModel:
     words: list[str]  # id -> word (SPECIALS first)
     labels: list[str]  # id -> label (NONE first)
 
-    @property
-    def index(self) -> dict[str, int]:
-        return {w: k for k, w in enumerate(self.words)}
+    def __post_init__(self):
+        self.index = {w: k for k, w in enumerate(self.words)}  # word -> id, built once
 
 
 def save_chart(m: ChartModel, out: Path, info: dict) -> None:
@@ -432,13 +435,10 @@ def load_chart(path: str | os.PathLike) -> ChartModel:
     return ChartModel(model, meta["words"], meta["labels"])
 
 
-def _sentences(words_list, trees, label_index: dict[str, int] | None) -> list[Sentence]:
-    out = []
-    for words, tree in zip(words_list, trees):
-        spans = [(i, j, label_index.get(lab, 0) if label_index is not None else 0)
-                 for i, j, lab in tree_spans(tree)]
-        out.append(Sentence(words, spans))
-    return out
+def _sentences(words_list, trees, label_index: dict[str, int]) -> list[Sentence]:
+    """Sentences with their spans' label ids (a label training never saw: 0, none)."""
+    return [Sentence(words, [(i, j, label_index.get(lab, 0)) for i, j, lab in tree_spans(tree)])
+            for words, tree in zip(words_list, trees)]
 
 
 def train_chart(corpus: Path, out: Path, cfg: ChartConfig, minutes: float, seed: int = 1,
@@ -528,7 +528,8 @@ def train_chart(corpus: Path, out: Path, cfg: ChartConfig, minutes: float, seed:
         for batch in batches(dev, cfg.max_cells, None):
             loss, c = run_batch([dev[k] for k in batch], False)
             total, cells = total + float(loss), cells + c
-    summary = {"steps": step, "epochs": round(step / max(len(batches(train, cfg.max_cells, None)), 1), 2),
+    per_epoch = len(batches(train, cfg.max_cells, None))  # the same count whatever the order
+    summary = {"steps": step, "epochs": round(step / max(per_epoch, 1), 2),
                "train_seconds": round(train_s, 1), "words_per_s": round(tokens / max(train_s, 1e-9)),
                "averaged": len(snapshots), "dev_span_loss": round(total / max(cells, 1), 5),
                "parameters": n_params, "seed": seed, "corpus": str(corpus)}
