@@ -26,13 +26,18 @@
 # may name several presets, which the members take in turn (ENSEMBLE defaults to their number);
 # a member's preset may carry config changes, `parsing-small-v3:p_drop=0.2,eps_ls=0.05` meaning
 # `--preset parsing-small-v3 --set p_drop=0.2 eps_ls=0.05`. PARALLEL=1 trains the members at once, each for
-# MINUTES (on one GPU, which small models leave mostly idle; logs in $OUT/runK.log). A killed run
-# resumes. PYTHON and AIAYN name the interpreter and the command (default: .venv's).
+# MINUTES (on one GPU, which small models leave mostly idle; logs in $OUT/runK.log, for chart
+# parsers $OUT/modelK.log). A killed run resumes. PYTHON and AIAYN name the interpreter and the
+# command (default: .venv's).
 # PARSER=chart (not in the paper) trains the span-based chart parser instead (`aiayn train-chart`,
 # aiayn/parsing/chart.py: the paper's encoder, a score per span and label, CKY): no prepare, no
 # beam search. CHART lists its members' config changes, space-separated, each a comma-separated
 # NAME=VALUE list or `-` for the defaults (ENSEMBLE defaults to their number), e.g.
 # CHART="- d_model=256,d_ff=1024,n_heads=8,d_span=256"; finished members are kept on a rerun.
+# VOTERS=DIR (with PARSER=chart): the models DIR/model, DIR/model2, ... (an earlier run of this
+# script, e.g. sequence-to-sequence parsers) parse each split first (trees in $OUT/votes/, kept
+# on a rerun), and each of their trees votes for its brackets in the chart's CKY (`aiayn parse
+# --votes`; VOTE_WEIGHT, default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SETUP:-1}" = 1 ] && bash scripts/setup.sh
@@ -62,6 +67,11 @@ fi
 if [ "$PARSER" != seq2seq ] && [ "$PARSER" != chart ]; then
   echo "scripts/parsing.sh: PARSER must be seq2seq or chart (got '$PARSER')" >&2; exit 2
 fi
+VOTERS=${VOTERS:-}
+if [ -n "$VOTERS" ]; then
+  [ "$PARSER" = chart ] || { echo "scripts/parsing.sh: VOTERS needs PARSER=chart (votes weigh brackets in a chart)" >&2; exit 2; }
+  [ -d "$VOTERS/model" ] || { echo "scripts/parsing.sh: VOTERS=$VOTERS: no model there ($VOTERS/model)" >&2; exit 2; }
+fi
 if ! [ "$ENSEMBLE" -ge 1 ] 2>/dev/null; then
   echo "scripts/parsing.sh: ENSEMBLE must be a number of models, 1 or more (got '$ENSEMBLE')" >&2; exit 2
 fi
@@ -77,16 +87,30 @@ set_args() {  # "F=V,G=W" -> SET_ARGS=(--set F=V G=W); "" or "-" -> SET_ARGS=()
   if [ -n "$1" ] && [ "$1" != - ]; then IFS=, read -ra SET_ARGS <<< "$1"; SET_ARGS=(--set "${SET_ARGS[@]}"); fi
 }
 MODELS=()
+PIDS=()  # members training in the background (PARALLEL=1) and their logs
+LOGS=()
+member() {  # LOG COMMAND...: run a member's training, in the background with PARALLEL=1
+  local log=$1; shift
+  if [ "$PARALLEL" = 1 ]; then "$@" --no-progress > "$log" 2>&1 & PIDS+=($!); LOGS+=("$log"); else "$@"; fi
+}
+wait_members() {  # the first failure stops the others and shows its log
+  for k in "${!PIDS[@]}"; do
+    wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "${LOGS[$k]}" >&2; echo "scripts/parsing.sh: training failed (log: ${LOGS[$k]})" >&2; exit 1; }
+    grep -E "^(done|final dev)" "${LOGS[$k]}" | sed "s|^|$(basename "${LOGS[$k]}" .log): |"
+  done
+}
+EACH=$MINUTES
+[ "$PARALLEL" = 1 ] || EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
 if [ "$PARSER" = chart ]; then
-  EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
   PARSE_CONSTRAINT=""  # CKY: every output is a tree over the words
   for k in $(seq 1 "$ENSEMBLE"); do
     SUFFIX=$(suffix "$k")
     set_args "${CHARTS[$(( (k - 1) % ${#CHARTS[@]} ))]}"
-    [ -e "$OUT/model$SUFFIX/chart.json" ] || $A train-chart --corpus "$OUT/corpus" --out "$OUT/model$SUFFIX" \
-        --minutes "$EACH" --seed "$k" --overwrite "${SET_ARGS[@]}" ${TRAIN_ARGS:-}
+    [ -e "$OUT/model$SUFFIX/chart.json" ] || member "$OUT/model$SUFFIX.log" $A train-chart --corpus "$OUT/corpus" \
+        --out "$OUT/model$SUFFIX" --minutes "$EACH" --seed "$k" --overwrite "${SET_ARGS[@]}" ${TRAIN_ARGS:-}
     MODELS+=("$OUT/model$SUFFIX")
   done
+  wait_members
 else
   SRC_LANG=words
   [ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
@@ -110,9 +134,6 @@ else
   $A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
       --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
   # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
-  EACH=$MINUTES
-  [ "$PARALLEL" = 1 ] || EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
-  PIDS=()
   for k in $(seq 1 "$ENSEMBLE"); do
     SUFFIX=$(suffix "$k")
     RESUME=""
@@ -122,27 +143,30 @@ else
     TRAIN=($A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "${MEMBER%%:*}" "${SET_ARGS[@]}"
            --time-budget "$EACH" --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250
            --eval-bleu-sentences 0 --seed "$k" $RESUME ${TRAIN_ARGS:-})
-    if [ "$PARALLEL" = 1 ]; then
-      "${TRAIN[@]}" --no-progress > "$OUT/run$SUFFIX.log" 2>&1 &
-      PIDS+=($!)
-    else
-      "${TRAIN[@]}"
-    fi
+    member "$OUT/run$SUFFIX.log" "${TRAIN[@]}"
     MODELS+=("$OUT/model$SUFFIX")
   done
-  for k in "${!PIDS[@]}"; do
-    SUFFIX=$(suffix $((k + 1)))
-    wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "$OUT/run$SUFFIX.log" >&2; echo "scripts/parsing.sh: training $OUT/run$SUFFIX failed (log: $OUT/run$SUFFIX.log)" >&2; exit 1; }
-    grep -E "^(done|final dev)" "$OUT/run$SUFFIX.log" | sed "s|^|run$SUFFIX: |"
-  done
+  wait_members
   for k in $(seq 1 "$ENSEMBLE"); do
     SUFFIX=$(suffix "$k")
     $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
   done
 fi
 for split in $EVAL_SPLITS; do
+  VOTES=()
+  if [ -n "$VOTERS" ]; then
+    mkdir -p "$OUT/votes"
+    for m in "$VOTERS"/model "$VOTERS"/model[0-9]*; do
+      [ -d "$m" ] || continue
+      V="$OUT/votes/$split.$(basename "$m").trees"
+      C=--constrained; [ -e "$m/chart.json" ] && C=""
+      [ -e "$V" ] || $A parse --model "$m" --input "$OUT/corpus/$split.words" --output "$V" $C
+      VOTES+=("$V")
+    done
+    VOTES=(--votes "${VOTES[@]}" --vote-weight "${VOTE_WEIGHT:-1}")
+  fi
   $A parse --model "${MODELS[@]}" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
-      --linearized "$OUT/$split.lin" --overwrite --progress $PARSE_CONSTRAINT ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
+      --linearized "$OUT/$split.lin" --overwrite --progress $PARSE_CONSTRAINT "${VOTES[@]}" ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold > "$OUT/$split.evalb"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold --json > "$OUT/$split.evalb.json"
 done

@@ -11,11 +11,13 @@ import random
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from nltk.tree import Tree
 
 from aiayn.cli import main
-from aiayn.parsing.chart import (NONE, ChartConfig, ChartModel, SpanParser, chart_parse, cky, decode_tree,
-                                 encode, model_words, span_targets, span_votes, spans_to_tree, tree_spans)
+from aiayn.parsing.chart import (CHAR_SPECIALS, NONE, CharEncoder, ChartConfig, ChartModel, SpanParser, char_ids,
+                                 chart_parse, cky, decode_tree, encode, load_chart, model_words, save_chart,
+                                 span_targets, span_votes, spans_to_tree, tree_spans)
 from aiayn.parsing.signatures import signature
 
 TREES = [
@@ -108,20 +110,23 @@ def test_model_words_use_a_signature_only_when_the_vocabulary_has_it():
     assert model_words(["the", "Xylophones", "zzq"], index) == ["the", signature("Xylophones"), "zzq"]
 
 
-def _tiny_model(seed=0):
+def _tiny_model(seed=0, d_char=0):
     torch.manual_seed(seed)
-    cfg = ChartConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_span=16, p_drop=0.0, p_word_drop=0.0)
+    cfg = ChartConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_span=16, p_drop=0.0, p_word_drop=0.0,
+                      d_char=d_char, max_chars=6)
     words = ["<pad>", "<unk>", "<s>", "</s>", "a", "b", "c", "d"]
-    return ChartModel(SpanParser(cfg, len(words), 4).eval(), words, [NONE, "S", "NP", "VP"])
+    chars = list(CHAR_SPECIALS) + list("abcd") if d_char else []
+    return ChartModel(SpanParser(cfg, len(words), 4, len(chars)).eval(), words, [NONE, "S", "NP", "VP"], chars)
 
 
-def test_batched_scores_equal_one_sentence_at_a_time():
-    m = _tiny_model()
-    sents = [["a", "b", "c", "d", "a"], ["b"], ["c", "a"]]
+@pytest.mark.parametrize("d_char", [0, 8])
+def test_batched_scores_equal_one_sentence_at_a_time(d_char):
+    m = _tiny_model(d_char=d_char)
+    sents = [["a", "b", "c", "d", "a"], ["b"], ["c", "aabbccdd"], ["xyz", "a"]]
     with torch.no_grad():
-        batch = m.model(encode(sents, m.index))  # (3, 6, 6, 4)
+        batch = m.logits(sents)  # (4, 6, 6, 4)
         for b, s in enumerate(sents):
-            alone = m.model(encode([s], m.index))[0]
+            alone = m.logits([s])[0]
             f = len(s) + 1
             torch.testing.assert_close(batch[b, :f, :f], alone[:f, :f], atol=1e-5, rtol=1e-5)
 
@@ -146,6 +151,54 @@ def test_span_scores_equal_the_mlp_on_each_span_built_by_hand():
         assert (out[1, :, 3:] == 0).all() and (out[0][lower] == 0).all()
 
 
+def test_char_ids_by_hand():
+    index = {c: k for k, c in enumerate(list(CHAR_SPECIALS) + ["a", "b", "c"])}  # a 4, b 5, c 6
+    chars, where = char_ids([["ab", "b", "ab"], ["z"], ["abcabc"]], index, max_chars=4)
+    # distinct words in order of first sight, row 0 empty; `z` unknown (1); `abcabc` longer than 4:
+    # its first 2 and last 2 characters
+    assert chars.tolist() == [[0, 0, 0, 0, 0, 0], [2, 4, 5, 3, 0, 0], [2, 5, 3, 0, 0, 0],
+                              [2, 1, 3, 0, 0, 0], [2, 4, 5, 5, 6, 3]]
+    assert where.tolist() == [[0, 1, 2, 1, 0], [0, 3, 0, 0, 0], [0, 4, 0, 0, 0]]
+
+
+def test_the_char_encoder_once_per_distinct_word_equals_each_word_alone():
+    """Each slot against its word's characters run through the layers by hand, unpadded: the
+    padding of the batch and sharing a row between slots change nothing; BOS/EOS/PAD get 0."""
+    torch.manual_seed(0)
+    enc = CharEncoder(8, 5, 12)
+    index = {c: k for k, c in enumerate(list(CHAR_SPECIALS) + ["a", "b", "c", "d"])}
+    sents = [["abcd", "a", "abcd"], ["dcb"]]
+    with torch.no_grad():
+        got = enc(char_ids(sents, index, 20))  # (2, 5, 12)
+        for b, words in enumerate(sents):
+            for t in range(5):
+                if not 1 <= t <= len(words):
+                    assert (got[b, t] == 0).all()
+                    continue
+                ids = torch.tensor([2] + [index[c] for c in words[t - 1]] + [3])
+                x = enc.embed.weight[ids].T[None]  # (1, d_char, len): this word only
+                want = torch.relu(F.conv1d(x, enc.conv.weight, enc.conv.bias, padding=1))[0].amax(-1)
+                torch.testing.assert_close(got[b, t], want, atol=1e-6, rtol=1e-5)
+
+
+def test_a_model_saved_before_characters_still_loads(tmp_path):
+    m = _tiny_model(6)
+    save_chart(m, tmp_path / "m", {})
+    meta = json.loads((tmp_path / "m" / "chart.json").read_text())
+    for key in ("d_char", "max_chars"):
+        del meta["config"][key]
+    del meta["chars"]
+    (tmp_path / "m" / "chart.json").write_text(json.dumps(meta))
+    old = load_chart(tmp_path / "m")
+    assert old.model.char_encoder is None and old.model.cfg.d_char == 0
+    assert chart_parse([old], ["a b c d"]) == chart_parse([m], ["a b c d"])
+    with_chars = _tiny_model(6, d_char=4)
+    save_chart(with_chars, tmp_path / "c", {})
+    back = load_chart(tmp_path / "c")
+    assert back.chars == with_chars.chars
+    assert chart_parse([back], ["a bad cab xyz"]) == chart_parse([with_chars], ["a bad cab xyz"])
+
+
 def test_parses_are_trees_over_the_words_and_an_ensemble_of_one_model_twice_is_that_model():
     m = _tiny_model(1)
     rng = random.Random(0)
@@ -156,7 +209,8 @@ def test_parses_are_trees_over_the_words_and_an_ensemble_of_one_model_twice_is_t
         assert Tree.fromstring(tree).leaves() == line.split()
 
 
-def test_train_chart_and_parse_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("chars", [["d_char=0"], ["d_char=8"]])
+def test_train_chart_and_parse_end_to_end(tmp_path, capsys, chars):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     gold = [Tree.fromstring(t) for t in TREES]
@@ -166,9 +220,10 @@ def test_train_chart_and_parse_end_to_end(tmp_path, capsys):
     out = tmp_path / "chart"
     code = main(["train-chart", "--corpus", str(corpus), "--out", str(out), "--max-steps", "150",
                  "--no-progress", "--set", "d_model=32", "d_ff=64", "n_heads=4", "d_span=32",
-                 "p_drop=0", "p_word_drop=0", "warmup_steps=20"])
+                 "p_drop=0", "p_word_drop=0", "warmup_steps=20", *chars])
     assert code == 0, capsys.readouterr().err
     meta = json.loads((out / "chart.json").read_text())
+    assert (len(meta["chars"]) > len(CHAR_SPECIALS)) == (chars != ["d_char=0"])
     assert meta["kind"] == "chart" and meta["info"]["steps"] == 150 and meta["info"]["averaged"] == 5
     trees = tmp_path / "trees"
     assert main(["parse", "--model", str(out), "--input", str(corpus / "train.words"),
@@ -203,6 +258,8 @@ def test_the_config_refuses_bad_values():
         ChartConfig(d_model=30, n_heads=4)
     with pytest.raises(UserError, match="p_drop"):
         ChartConfig(p_drop=1.0)
+    with pytest.raises(UserError, match="d_char"):
+        ChartConfig(d_char=-1)
 
 
 def test_every_bracketing_of_four_words_is_reachable():

@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="seed of weights, dropout and batch order")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config changes")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -47,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"{corpus}: no such directory (make it with `aiayn treebank --out {corpus}`)")
     cfg = parse_sets(args.set, ChartConfig())
     train_chart(corpus, out, cfg, args.minutes, seed=args.seed, threads=args.threads, max_steps=args.max_steps,
+                device=args.device,
                 progress=not args.no_progress and sys.stderr.isatty(),
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     return 0
