@@ -249,15 +249,17 @@ def char_ids(words_list: Sequence[Sequence[str]], index: dict[str, int],
     `chars` (U + 1, C), row u the u-th distinct word as `<w>` its characters `</w>` (a word
     longer than max_chars as its first and last max_chars // 2 characters: the prefix and the
     suffix carry its shape and part of speech), row 0 empty; `where` (B, S), each slot's row
-    (0 for BOS, EOS and PAD). Running the char encoder once per distinct word rather than per
-    slot halves its work on news text, where `the` and `,` fill many slots."""
+    (0 for BOS, EOS and PAD). The char encoder then runs once per distinct word rather than per
+    slot: in news text `the` and `,` fill many slots."""
     half = max_chars // 2
     rows: dict[str, int] = {}
     s = max(len(w) for w in words_list) + 2
     where = [[0] + [rows.setdefault(w, len(rows) + 1) for w in words] + [0] * (s - 1 - len(words))
              for words in words_list]  # +1: BOS is slot 0, row 0 is the empty word
-    spelled = [[2] + [index.get(c, 1) for c in (w if len(w) <= max_chars else w[:half] + w[-half:])] + [3]
-               for w in rows]
+    def clip(w: str) -> str:  # not w[-half:]: at half 0 that is the whole word
+        return w if len(w) <= max_chars else w[:half] + w[len(w) - half:]
+
+    spelled = [[2] + [index.get(c, 1) for c in clip(w)] + [3] for w in rows]
     c = max((len(x) for x in spelled), default=2)
     chars = torch.tensor([[0] * c] + [x + [0] * (c - len(x)) for x in spelled], dtype=torch.long)
     where = torch.tensor(where, dtype=torch.long)
@@ -524,6 +526,7 @@ def train_chart(corpus: Path, out: Path, cfg: ChartConfig, minutes: float, seed:
     from tqdm import tqdm
 
     from aiayn.training.average import average_state_dicts
+    from aiayn.training.distributed import pick_device
     from aiayn.training.schedule import build_optimizer, cooldown_factor, lr_at, set_lr
 
     if minutes <= 0:
@@ -532,10 +535,7 @@ def train_chart(corpus: Path, out: Path, cfg: ChartConfig, minutes: float, seed:
         raise UserError(f"--max-steps must be >= 1, got {max_steps}")
     if threads:
         torch.set_num_threads(threads)
-    dev_kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dev_kind == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available to this torch")
-    where = torch.device(dev_kind)
+    where = pick_device(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     train_words, train_trees = read_split(corpus, "train")

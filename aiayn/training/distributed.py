@@ -38,22 +38,26 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def pick_device(device: str | None = None, index: int = 0) -> torch.device:
+    """`device` ("cpu", "cuda" or None: CUDA when available, else the CPU) as a torch device, CUDA
+    device `index`; asking for CUDA where this torch has none is one UserError."""
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        from aiayn.errors import UserError
+
+        raise UserError("--device cuda: no CUDA device is available to this torch")
+    return torch.device("cuda", index) if kind == "cuda" else torch.device(kind)
+
+
 def setup(device: str | None = None) -> DistEnv:
     """Start the process group if torchrun launched us (WORLD_SIZE > 1); pick this rank's device.
     `device` None means CUDA when available, else CPU."""
     world = env_world_size()
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if kind == "cuda" and not torch.cuda.is_available():
-        from aiayn.errors import UserError
-
-        raise UserError("--device cuda: no CUDA device is available to this torch")
-    if kind == "cuda":
-        dev = torch.device("cuda", local)
+    dev = pick_device(device, local)
+    if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    else:
-        dev = torch.device(kind)
     owns = False
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank,
