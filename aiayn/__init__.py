@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Config": "aiayn.config", "BASE": "aiayn.config", "PRESETS": "aiayn.config",
-    "get_preset": "aiayn.config", "load_config": "aiayn.config", "UserError": "aiayn.errors",
+    "get_preset": "aiayn.presets", "load_config": "aiayn.presets", "UserError": "aiayn.errors",
     "Transformer": "aiayn.model", "build_model": "aiayn.model", "KVCache": "aiayn.model",
     "count_parameters": "aiayn.model", "flops_per_target_token": "aiayn.model",
     "load_model": "aiayn.model.io", "save_model": "aiayn.model.io",

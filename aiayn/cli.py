@@ -31,10 +31,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("download", "fetch a public data set with checksums"),
     "export": ("export", "convert a model for another inference engine (CTranslate2)"),
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
-    "train-chart": ("train_chart", "train a span-based chart parser on a treebank corpus (not in the paper)"),
     "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
     "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
     "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
+}
+
+
+# Commands that were retired, with what to type instead.
+RETIRED_COMMANDS = {
+    "train-chart": ("the chart parser trains through `aiayn train`: aiayn train --data CORPUS --out "
+                    "RUN --preset parsing-chart-small --time-budget MINUTES, then aiayn average "
+                    "--run RUN --out MODEL (docs/guides/parsing.md)"),
 }
 
 
@@ -51,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         module = importlib.import_module(f"aiayn.commands.{mod}")
         module.add_arguments(p)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
     return parser
 
 
@@ -65,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"aiayn: error: {e}", file=sys.stderr)
             return 2
     tune_memory()  # before anything imports torch (aiayn/memory.py)
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list and args_list[0] in RETIRED_COMMANDS:
+        print(f"aiayn {args_list[0]}: error: this command was retired; "
+              f"{RETIRED_COMMANDS[args_list[0]]}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

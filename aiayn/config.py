@@ -3,9 +3,11 @@
 Field names follow the paper (§3, §5, Table 3). Every default is the paper's setting for the base
 model; every deviation from the paper is an option that is off by default and says so below.
 
-The paper's presets are small named deltas of `BASE`, each reading like its Table 3 row; each
-recipe's presets live beside the recipe (aiayn/recipes/). A preset name never changes meaning: new
-variants get new names, and a retired name fails with an error naming its successor.
+The paper's presets are small named deltas of `BASE`, each reading like its Table 3 row; the
+recipes' presets live beside their recipes (aiayn/recipes/), and aiayn/presets.py finds a preset
+by name. A task with a model of its own (the chart parser, aiayn/parsing/chart/) keeps its config
+in its package, built on `ConfigFields` below so that it reads, checks, prints and takes
+`--set NAME=VALUE` as `Config` does.
 """
 
 from __future__ import annotations
@@ -17,19 +19,108 @@ import math
 import types
 import typing
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from aiayn.errors import UserError
-from aiayn.io import check_schema, read_json
+from aiayn.io import check_schema
+
+
+class ConfigFields:
+    """What every config shares, for frozen dataclasses of typed fields: each field checked
+    against its annotation (`check_fields`, first thing in `__post_init__`: a config.json may hold
+    anything), `--set NAME=VALUE` strings parsed to the field's type (`with_overrides`), JSON both
+    ways, and `architecture_changes`, the `ARCH_FIELDS` (those that shape the network or what its
+    weights mean) in which two configs differ: checkpoints that differ there cannot be averaged or
+    resumed into one another.
+
+    `TASK` names a task whose model is not the sequence-to-sequence Transformer (None for
+    `Config`): its config.json carries it as "task", and aiayn/tasks.py reads a model directory
+    by it."""
+
+    ARCH_FIELDS: ClassVar[tuple[str, ...]] = ()
+    TASK: ClassVar[str | None] = None
+    # Fields of earlier versions that `from_dict` ignores when a saved config.json still has them.
+    RETIRED_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def check_fields(self) -> None:
+        """Every field against its annotation; floats finite, and stored as floats."""
+        for name, kind in _field_kinds(type(self)).items():
+            v = getattr(self, name)
+            check_schema(v, kind, "invalid config", name)
+            if _admits_float(kind) and v is not None:
+                if not math.isfinite(v):
+                    raise UserError(f"invalid config: {name} must be finite, got {v}")
+                object.__setattr__(self, name, float(v))  # JSON writes 0.0 as 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        """config.json's text: the fields, after "task" for a task's own config."""
+        return json.dumps({**({"task": self.TASK} if self.TASK else {}), **self.to_dict()}, indent=2)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "config"):
+        """A config from parsed JSON (a config.json); every error names `where` and the field."""
+        if not isinstance(d, dict):
+            raise UserError(f"{where}: expected a JSON object of config fields")
+        if d.get("task") != cls.TASK:
+            what = f"a {d['task']} model" if d.get("task") else "a sequence-to-sequence Transformer"
+            raise UserError(f"{where}: {what}, not a {cls.TASK or 'sequence-to-sequence Transformer'}")
+        d = {k: v for k, v in d.items() if k != "task" and k not in cls.RETIRED_FIELDS}
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})  # type: ignore[arg-type]
+        if unknown:
+            raise UserError(f"{where}: invalid config: unknown config field(s) {', '.join(unknown)}")
+        try:
+            return cls(**d)
+        except UserError as e:
+            raise UserError(f"{where}: {e}") from None
+
+    def architecture_changes(self, other: Any) -> list[str]:
+        """The `ARCH_FIELDS` in which `other` differs from this config, as 'name: a -> b'."""
+        if type(other) is not type(self):
+            return [f"model kind: {type(self).__name__} -> {type(other).__name__}"]
+        return [f"{f}: {getattr(self, f)!r} -> {getattr(other, f)!r}" for f in self.ARCH_FIELDS
+                if getattr(self, f) != getattr(other, f)]
+
+    def with_overrides(self, overrides: dict[str, str] | list[str]):
+        """Apply `name=value` strings (from the command line), parsed to each field's type."""
+        if isinstance(overrides, list):
+            pairs = {}
+            for item in overrides:
+                if "=" not in item:
+                    raise UserError(f"invalid override {item!r}: expected name=value")
+                k, v = item.split("=", 1)
+                pairs[k.strip()] = v.strip()
+            overrides = pairs
+        kinds = {f.name: f.type for f in fields(self)}  # type: ignore[arg-type]
+        parsed: dict[str, Any] = {}
+        for k, v in overrides.items():
+            if k not in kinds:
+                raise UserError(f"invalid override: unknown config field {k!r}; the fields: "
+                                f"{', '.join(kinds)}")
+            parsed[k] = _parse_value(k, v, kinds[k])
+        return replace(self, **parsed)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(ConfigFields):
     """Architecture (§3), optimisation (§5) and decoding (§6.1) settings.
 
     `vocab_size` is the shared source/target vocabulary (§3.4); presets leave it 0 and the data
     fills it in (`replace(cfg, vocab_size=V)`).
     """
+
+    # Fields that shape the network or what its weights mean (`architecture_changes`); the rest
+    # (recipe, decoding) may differ between checkpoints of one model.
+    ARCH_FIELDS: ClassVar[tuple[str, ...]] = (
+        "vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v",
+        "positions", "max_positions", "norm", "attn_window", "attn_bias", "tie_embeddings",
+        "tie_output", "layer_norm_eps", "arch", "rnn_emb", "rnn_hidden", "rnn_attn")
+    # Fields of earlier versions, ignored when a saved config.json still has them: training-only
+    # ones (they never shaped the network, so such a model loads and decodes as it did), and
+    # `pointer` at its default, false (`from_dict` refuses a model that set it).
+    RETIRED_FIELDS: ClassVar[tuple[str, ...]] = ("p_bpe_drop", "rdrop_alpha", "pointer")
 
     # --- model, §3 -------------------------------------------------------------------------
     vocab_size: int = 0
@@ -72,14 +163,6 @@ class Config:
     # With untied source/target embeddings, still tie the target embedding to the output layer.
     tie_output: bool = True
     layer_norm_eps: float = 1e-6  # the paper gives none; Tensor2Tensor's value
-    # Not in the paper: for targets that write one slot token per source token, in the source's
-    # order (linearized trees, aiayn.parsing: a word slot per word), each decoder input adds a
-    # learned projection of the encoder output at the source position the next slot stands for,
-    # counted from the slots already written, so the decoder need not find its place in the
-    # sentence by attention alone (after the "deterministic attention" of Ma et al. 2017 for
-    # sequence-to-sequence parsing). Which target tokens are slots is a buffer of the model
-    # (`Transformer.pointer_slots`), set from the target vocabulary when training starts.
-    pointer: bool = False
 
     # --- another architecture, not the paper's: off by default ----------------------------------
     # "rnn" is the attention-based RNN encoder-decoder the paper compares against (Bahdanau et al.
@@ -101,12 +184,6 @@ class Config:
     # short run ends at a low rate instead of Eq. 3's still-high one. The run's length is
     # max_steps, or the time budget when a run is given minutes (aiayn.training.schedule).
     lr_cooldown: float = 0.0
-    # Not in the paper (off by default): R-Drop (Liang et al. 2021). Each batch goes through the
-    # model twice, with different dropout masks; the loss per target token is the mean of the two
-    # label-smoothed losses plus rdrop_alpha times the symmetric KL divergence between the two
-    # predicted distributions (aiayn.training.loss.symmetric_kl). An update costs twice the
-    # compute of one without it.
-    rdrop_alpha: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -127,14 +204,7 @@ class Config:
         def bad(msg: str) -> UserError:
             return UserError(f"invalid config: {msg}")
 
-        # every field against its annotation first (a config.json may hold anything)
-        for name, kind in _field_kinds().items():
-            v = getattr(self, name)
-            check_schema(v, kind, "invalid config", name)
-            if _admits_float(kind) and v is not None:
-                if not math.isfinite(v):
-                    raise bad(f"{name} must be finite, got {v}")
-                object.__setattr__(self, name, float(v))  # JSON writes 0.0 as 0
+        self.check_fields()
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "max_positions", "warmup_steps",
                      "max_steps", "max_tokens", "beam_size", "n_average", "pad_multiple", "rnn_emb",
                      "rnn_hidden", "rnn_attn"):
@@ -153,15 +223,12 @@ class Config:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 raise bad(f"{name} must be in [0, 1), got {v}")
-        if self.arch == "rnn" and (self.p_word_drop or self.pointer):
-            raise bad("p_word_drop and pointer are Transformer options; the rnn architecture does "
-                      "not read them")
+        if self.arch == "rnn" and self.p_word_drop:
+            raise bad("p_word_drop is a Transformer option; the rnn architecture does not read it")
         if self.tgt_vocab_size and self.tgt_vocab_size != self.vocab_size and self.tie_embeddings:
             raise bad("separate source and target vocabularies need tie_embeddings=False")
         if not (0.0 < self.adam_beta1 < 1.0 and 0.0 < self.adam_beta2 < 1.0):
             raise bad("adam betas must be in (0, 1)")
-        if self.rdrop_alpha < 0:
-            raise bad(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
         if self.lr_scale <= 0 or self.adam_eps <= 0 or self.clip_norm < 0:
             raise bad("lr_scale and adam_eps must be > 0, clip_norm >= 0")
         if self.alpha < 0 or self.max_len_a < 0 or self.max_len_b < 0:
@@ -184,63 +251,16 @@ class Config:
     def tgt_vocab(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
 
-    # Serialisation --------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, d: Any, where: str = "config") -> "Config":
-        """A config from parsed JSON (a config.json); every error names `where` and the field."""
-        if not isinstance(d, dict):
-            raise UserError(f"{where}: expected a JSON object of config fields")
-        d = {k: v for k, v in d.items() if k not in RETIRED_FIELDS}
-        _check_known(d, f"{where}: invalid config")
-        try:
-            return cls(**d)
-        except UserError as e:
-            raise UserError(f"{where}: {e}") from None
-
-    def architecture_changes(self, other: "Config") -> list[str]:
-        """The `ARCH_FIELDS` in which `other` differs from this config, as 'name: a -> b'."""
-        return [f"{f}: {getattr(self, f)!r} -> {getattr(other, f)!r}" for f in ARCH_FIELDS
-                if getattr(self, f) != getattr(other, f)]
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def with_overrides(self, overrides: dict[str, str] | list[str]) -> "Config":
-        """Apply `name=value` strings (from the command line), parsed to each field's type."""
-        if isinstance(overrides, list):
-            pairs = {}
-            for item in overrides:
-                if "=" not in item:
-                    raise UserError(f"invalid override {item!r}: expected name=value")
-                k, v = item.split("=", 1)
-                pairs[k.strip()] = v.strip()
-            overrides = pairs
-        types = {f.name: f.type for f in fields(self)}
-        parsed: dict[str, Any] = {}
-        for k, v in overrides.items():
-            if k not in types:
-                raise UserError(f"invalid override: unknown config field {k!r}")
-            parsed[k] = _parse_value(k, v, types[k], getattr(self, k))
-        return replace(self, **parsed)
-
-
-# Fields that shape the network or what its weights mean: checkpoints differing in any of them
-# cannot be averaged or resumed into one another. The rest (recipe, decoding) may differ.
-ARCH_FIELDS = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
-               "d_v", "positions", "max_positions", "norm", "attn_window", "attn_bias",
-               "tie_embeddings", "tie_output", "layer_norm_eps", "pointer", "arch", "rnn_emb",
-               "rnn_hidden", "rnn_attn")
-
-# Training-only fields of earlier versions, ignored when a saved config.json still has them (they
-# never shaped the network, so such a model loads and decodes as it did).
-RETIRED_FIELDS = ("p_bpe_drop",)
+        if isinstance(d, dict) and d.get("pointer"):
+            raise UserError(f"{where}: pointer=true, an option removed from aiayn (its runs are in "
+                            "docs/experiments/parsing.md); this model needs aiayn at commit 1fe4095")
+        return super().from_dict(d, where)
 
 
 @functools.cache
-def _field_kinds() -> dict[str, Any]:
+def _field_kinds(cls: type) -> dict[str, Any]:
     """Each field's annotation as an `aiayn.io.check_schema` schema: int, float, bool, str,
     a Literal's values, and `X | None` as alternatives."""
 
@@ -252,21 +272,15 @@ def _field_kinds() -> dict[str, Any]:
             return tuple(kind(a) for a in typing.get_args(hint))
         return None if hint is type(None) else hint
 
-    hints = typing.get_type_hints(Config)
-    return {f.name: kind(hints[f.name]) for f in fields(Config)}
+    hints = typing.get_type_hints(cls)
+    return {f.name: kind(hints[f.name]) for f in fields(cls)}
 
 
 def _admits_float(kind: Any) -> bool:
     return kind is float or (isinstance(kind, tuple) and float in kind)
 
 
-def _check_known(d: dict[str, Any], where: str) -> None:
-    unknown = sorted(set(d) - {f.name for f in fields(Config)})
-    if unknown:
-        raise UserError(f"{where}: unknown config field(s) {', '.join(unknown)}")
-
-
-def _parse_value(name: str, text: str, type_str: Any, current: Any) -> Any:
+def _parse_value(name: str, text: str, type_str: Any) -> Any:
     t = str(type_str)
     if text.lower() in ("none", "null") and "None" in t:
         return None
@@ -326,46 +340,4 @@ PRESETS: dict[str, Config] = {
 }
 
 
-def all_presets() -> dict[str, Config]:
-    """The paper's presets, then each recipe's (defined beside its recipe, aiayn/recipes/)."""
-    from aiayn.recipes import recipe_presets
-
-    return {**PRESETS, **recipe_presets()}
-
-
-def get_preset(name: str) -> Config:
-    """A preset by name: the paper's or a recipe's. A name that was retired fails with an error
-    naming what replaces it, so a name never silently changes meaning."""
-    from aiayn.recipes import RETIRED_PRESETS
-
-    if name in RETIRED_PRESETS:
-        raise UserError(f"preset {name!r} was removed; {RETIRED_PRESETS[name]}")
-    presets = all_presets()
-    try:
-        return presets[name]
-    except KeyError:
-        raise UserError(f"unknown preset {name!r}; choose from: {', '.join(presets)}") from None
-
-
-def load_config(preset: str | None = None, config_file: str | None = None,
-                overrides: list[str] | None = None, **fixed: Any) -> Config:
-    """Build a config the way the CLI does: preset (default base), then a JSON config file's fields,
-    then `name=value` overrides, then `fixed` fields set by the caller (e.g. vocab_size from data)."""
-    cfg = get_preset(preset or "base")
-    if config_file:
-        data = read_json(config_file)
-        if not isinstance(data, dict):
-            raise UserError(f"{config_file}: expected a JSON object of config fields")
-        _check_known(data, config_file)
-        try:
-            cfg = replace(cfg, **data)
-        except UserError as e:
-            raise UserError(f"{config_file}: {e}") from None
-    if overrides:
-        cfg = cfg.with_overrides(overrides)
-    if fixed:
-        cfg = replace(cfg, **fixed)
-    return cfg
-
-
-__all__ = ["Config", "BASE", "PRESETS", "all_presets", "get_preset", "load_config"]
+__all__ = ["Config", "ConfigFields", "BASE", "BIG", "PRESETS"]

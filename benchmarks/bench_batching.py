@@ -182,7 +182,7 @@ def time_training_step(preset: str, ds, batches, steps: int) -> float:
 
     import torch
 
-    from aiayn.config import get_preset
+    from aiayn.presets import get_preset
     from aiayn.model import Transformer
     from aiayn.training.loss import label_smoothed_loss
     from aiayn.training.precision import resolve

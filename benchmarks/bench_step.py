@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiayn.model.layers as layers_module  # noqa: E402
 import aiayn.model.transformer as transformer_module  # noqa: E402
-import aiayn.training.step as step_module  # noqa: E402
-from aiayn.config import get_preset  # noqa: E402
+import aiayn.training.seq2seq as seq2seq_module  # noqa: E402
+from aiayn.presets import get_preset  # noqa: E402
 from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
 from aiayn.model.transformer import Transformer  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
@@ -65,22 +65,22 @@ def torch_dropout(x, p, training):
 @contextlib.contextmanager
 def variant(name: str):
     """Swap the fast paths for the reference ones where the model and updater look them up."""
-    saved = (layers_module.dropout, transformer_module.dropout, step_module.label_smoothed_loss)
+    saved = (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss)
     if name == "reference":
         layers_module.dropout = transformer_module.dropout = torch_dropout
     if name in ("reference", "+dropout"):
-        step_module.label_smoothed_loss = textbook_loss
+        seq2seq_module.label_smoothed_loss = textbook_loss
     try:
         yield
     finally:
-        layers_module.dropout, transformer_module.dropout, step_module.label_smoothed_loss = saved
+        layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss = saved
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a dataset made by aiayn prepare (default: synthetic Multi30k-like)")
-    p.add_argument("--preset", default="multi30k")
+    p.add_argument("--preset", default="translation-small")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (default 20)")

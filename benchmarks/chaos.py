@@ -1,6 +1,7 @@
 """Kill aiayn's commands with SIGKILL at random moments and check that nothing is lost.
 
-For each command (train, prepare, average, translate) one uninterrupted reference run, then N
+For each command (train; train-chart, `aiayn train` of the chart parser on a treebank corpus;
+prepare, average, translate) one uninterrupted reference run, then N
 trials on tiny fixtures. A trial starts the command in a fresh process and kills it (SIGKILL),
 alternately at a uniformly random moment of the reference run's duration and just as the command
 starts writing its output (the moment a temporary appears), then checks:
@@ -13,7 +14,8 @@ starts writing its output (the moment a temporary appears), then checks:
    vocabulary and manifest; average: identical model files; translate: identical text);
 3. no temporary and no lock file is left behind.
 
-Prints a tally per command and exits 1 if any trial failed. The documented run (docs/reliability.md):
+Prints a tally per command and exits 1 if any trial failed. The documented run
+(docs/experiments/chaos.md):
 
     .venv/bin/python benchmarks/chaos.py --trials 50
 """
@@ -41,9 +43,10 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from aiayn.io import is_temporary  # noqa: E402
 from provenance import commit, cpu_names  # noqa: E402
-from training_fixtures import SMALL, pair  # noqa: E402
+from training_fixtures import SMALL, SMALL_CHART, pair, tiny_treebank_corpus  # noqa: E402
 
-COMMANDS = ("train", "prepare", "average", "translate")
+COMMANDS = ("train", "train-chart", "prepare", "average", "translate")
+TRAINS = ("train", "train-chart")  # the training runs: killed, resumed, compared step by step
 
 
 @dataclass
@@ -171,20 +174,31 @@ class Fixtures:
         self.data = root / "data"
         r, _ = run(aiayn("prepare", *self.prepare_args, "--out", str(self.data)))
         assert r.returncode == 0, r.stderr
-        # the reference run keeps every checkpoint, to compare a killed run's step by step
-        self.train_ref = root / "train-ref"
-        r, self.train_seconds = run(aiayn("train", *self.train_args(), "--keep", "1000",
-                                          "--out", str(self.train_ref)))
-        assert r.returncode == 0, r.stderr
+        self.corpus = tiny_treebank_corpus(root / "corpus", copies=8)
         lines = (root / "valid/c.xx").read_text(encoding="utf-8").splitlines()
         self.src = root / "src.txt"
         self.src.write_text("\n".join((lines * 10)[: sizes.translate_lines]) + "\n", encoding="utf-8")
+        self._refs: dict[str, tuple[Path, float]] = {}
 
-    def train_args(self) -> list[str]:
+    def train_args(self, kind: str = "train") -> list[str]:
+        common = ["--max-steps", str(self.sizes.train_steps), "--save-every", "3", "--eval-every", "4",
+                  "--threads", "1", "--no-tensorboard", "--no-progress", "--seed", "3",
+                  "--save-minutes", "1000"]
+        if kind == "train-chart":  # dropout on: the resumed run must draw the same masks
+            return ["--data", str(self.corpus), "--preset", "parsing-chart-small", "--set",
+                    *SMALL_CHART, "p_drop=0.2", "p_word_drop=0.1", *common]
         return ["--data", str(self.data), "--preset", "base", "--set", *SMALL,
-                "--max-steps", str(self.sizes.train_steps), "--save-every", "3", "--eval-every", "4",
-                "--eval-bleu-sentences", "2", "--threads", "1", "--no-tensorboard", "--no-progress",
-                "--seed", "3", "--save-minutes", "1000"]
+                "--eval-bleu-sentences", "2", *common]
+
+    def train_ref(self, kind: str = "train") -> tuple[Path, float]:
+        """The reference run of `kind` (made once; it keeps every checkpoint, to compare a killed
+        run's step by step) and its duration."""
+        if kind not in self._refs:
+            ref = self.root / f"{kind}-ref"
+            r, seconds = run(aiayn("train", *self.train_args(kind), "--keep", "1000", "--out", str(ref)))
+            assert r.returncode == 0, r.stderr
+            self._refs[kind] = (ref, seconds)
+        return self._refs[kind]
 
 
 # --- one scenario per command ---------------------------------------------------------------------
@@ -213,9 +227,10 @@ class Scenario:
 
 def model_check(out: Path) -> str | None:
     from aiayn.model.io import load_model
+    from aiayn.parsing.chart.files import is_chart_model, load_chart
 
     try:
-        load_model(out)
+        (load_chart if is_chart_model(out) else load_model)(out)
     except Exception as e:  # noqa: BLE001 - any failure to load is what we report
         return f"{out} does not load: {e}"
     return None
@@ -234,7 +249,7 @@ def dataset_check(out: Path) -> str | None:
 
 
 def scenarios(fx: Fixtures) -> dict[str, Scenario]:
-    ref = fx.train_ref
+    ref, _ = fx.train_ref()
 
     def prepare_argv(out: Path, overwrite: bool) -> list[str]:
         return aiayn("prepare", *fx.prepare_args, "--out", str(out), *(["--overwrite"] * overwrite))
@@ -301,22 +316,23 @@ def file_trial(sc: Scenario, trial_dir: Path, rng: random.Random, at_write: bool
     return None
 
 
-def train_trial(fx: Fixtures, trial_dir: Path, rng: random.Random, at_write: bool,
+def train_trial(fx: Fixtures, kind: str, trial_dir: Path, rng: random.Random, at_write: bool,
                 tally: Tally) -> str | None:
-    """One trial of train: kill, check every checkpoint left, resume, compare with the reference."""
+    """One trial of a training run (`kind`: train or train-chart): kill, check every checkpoint
+    left, resume, compare with the reference."""
     from safetensors.torch import load_file
 
     from aiayn.training.checkpoint import latest_resumable, list_checkpoints, load_trainer_state
 
     run_dir = trial_dir / "run"
-    argv = aiayn("train", *fx.train_args(), "--keep", "3", "--out", str(run_dir))
+    reference, seconds = fx.train_ref(kind)
+    argv = aiayn("train", *fx.train_args(kind), "--keep", "3", "--out", str(run_dir))
     # at a write: the k-th of the run's writes (run.json, checkpoints, best/, summary.json)
     nth = rng.randint(1, 2 + 2 * fx.sizes.train_steps // 3) if at_write else 0
-    finished, writing = kill_at(argv, rng, nth, fx.train_seconds,
-                                [trial_dir, run_dir, run_dir / "checkpoints"])
+    finished, writing = kill_at(argv, rng, nth, seconds, [trial_dir, run_dir, run_dir / "checkpoints"])
     tally.finished_before_kill += finished
     tally.killed_while_writing += writing
-    ref = dict(list_checkpoints(fx.train_ref))
+    ref = dict(list_checkpoints(reference))
     for step, d in list_checkpoints(run_dir):
         if problem := model_check(d):
             return f"TORN: checkpoint {d.name}: {problem}"
@@ -330,11 +346,11 @@ def train_trial(fx: Fixtures, trial_dir: Path, rng: random.Random, at_write: boo
             load_trainer_state(latest)
         except Exception as e:  # noqa: BLE001
             return f"TORN: {latest.name}/trainer_state.pt: {e}"
-    r, _ = run(aiayn("train", *fx.train_args(), "--keep", "3", "--out", str(run_dir), "--resume"))
+    r, _ = run(aiayn("train", *fx.train_args(kind), "--keep", "3", "--out", str(run_dir), "--resume"))
     if problem := check_ok(r, "the resumed run"):
         return problem
     a = load_file(str(run_dir / "last" / "model.safetensors"))
-    b = load_file(str(fx.train_ref / "last" / "model.safetensors"))
+    b = load_file(str(reference / "last" / "model.safetensors"))
     if a.keys() != b.keys() or any(not (a[k] == b[k]).all() for k in b):
         return "WRONG: the resumed run's final weights differ from the uninterrupted run's"
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -357,8 +373,8 @@ def chaos(commands: list[str], trials: int, seed: int = 0, quick: bool = False,
         scs = scenarios(fx)
         for command in commands:
             tally = tallies[command]
-            if command == "train":
-                reference, duration = None, fx.train_seconds
+            if command in TRAINS:
+                reference, duration = None, 0.0
             else:  # the uninterrupted reference output and its duration
                 ref_out = root / f"{command}-ref" / scs[command].out_name
                 ref_out.parent.mkdir()
@@ -369,8 +385,8 @@ def chaos(commands: list[str], trials: int, seed: int = 0, quick: bool = False,
                 trial_dir = root / f"{command}-{i}"
                 trial_dir.mkdir()
                 at_write = i % 2 == 1
-                if command == "train":
-                    problem = train_trial(fx, trial_dir, rng, at_write, tally)
+                if command in TRAINS:
+                    problem = train_trial(fx, command, trial_dir, rng, at_write, tally)
                 else:
                     problem = file_trial(scs[command], trial_dir, rng, at_write, i % 4 in (1, 2),
                                          duration, reference, root / f"{command}-old", tally)

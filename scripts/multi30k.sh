@@ -5,10 +5,10 @@
 #   bash scripts/multi30k.sh                       # English -> German, 60 minutes of training
 #   SRC=de TGT=en bash scripts/multi30k.sh         # German -> English
 #   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
-#   PRESET=multi30k TRANSLATE_ARGS="--alpha 1.5" ...   # other settings (docs/experiments/)
+#   PRESET=translation-small-rnn ...               # other settings (docs/experiments/)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files (default data/multi30k, fetched there
-# by `aiayn download multi30k` when missing). Settings come from the `multi30k-v3` preset (chosen on val, see
+# by `aiayn download multi30k` when missing). Settings come from the `translation-small` preset (chosen on val, see
 # docs/experiments/multi30k.md); TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train`
 # and `aiayn translate`.
 set -euo pipefail
@@ -21,7 +21,7 @@ if [ -z "${DATA:-}" ]; then  # data/multi30k, fetched there on first use (or a s
   [ -e "$DATA" ] || .venv/bin/aiayn download multi30k --out "$DATA"
 fi
 OUT=${OUT:-runs/multi30k-$SRC-$TGT}
-PRESET=${PRESET:-multi30k-v3}
+PRESET=${PRESET:-translation-small}
 A=.venv/bin/aiayn
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped

@@ -1,157 +1,95 @@
 #!/usr/bin/env bash
 # English constituency parsing (§6.3) on a Penn Treebank, the whole recipe: treebank (clean, split
-# by file, linearize) -> prepare -> train -> average -> parse (beam 21, alpha 0.3) -> EVALB F1.
+# by file, linearize) -> train -> average -> parse -> EVALB F1 (docs/guides/parsing.md).
 #
-#   bash scripts/parsing.sh                       # the NLTK 10% WSJ sample, 30 minutes of training
-#   MINUTES=10 EVAL_SPLITS=valid bash scripts/parsing.sh                 # a shorter dev run
-#   SLOTS=xx VOCAB=separate SIGNATURES=0 AUGMENT=0 PRESET=parsing-cpu CONSTRAINED=0 \
-#     bash scripts/parsing.sh                                           # the paper's choices (§6.3)
-#   TREEBANK=/path/to/wsj MINUTES=600 PRESET=parsing \
-#     TREEBANK_ARGS="--splits train=200-2199,valid=2200-2299,test=2300-2399" bash scripts/parsing.sh
+#   bash scripts/parsing.sh                            # the NLTK 10% WSJ sample, 30 minutes
+#   MINUTES=10 EVAL_SPLITS=valid bash scripts/parsing.sh   # a shorter run, scored on dev only
+#   PARSER=seq2seq bash scripts/parsing.sh             # §6.3's sequence-to-sequence parser
+#   PARSER=chart VOTERS=runs/parsing-s2s bash scripts/parsing.sh   # a chart that takes votes
 #
-# TREEBANK is a directory or zip of PTB .mrg files. The default is the setting chosen on dev
-# (docs/parsing.md, run e25): the `parsing-small-v3` preset (pre-norm, dropout 0.15, source word
-# dropout 0.1), the words written in the target (SLOTS=words, the 4,000 commonest; §6.3 writes
-# XX) with one word vocabulary for both sides (VOCAB=shared-words), source words seen under 3
-# times in training written as their signatures (SIGNATURES=3; 0 keeps every word), the
-# training set grown AUGMENT=2 times over by subtree substitution (each new tree a training tree
-# with one phrase swapped for another of the same label; 0: off), and tree-constrained beam
-# search (CONSTRAINED=1, `aiayn parse --constrained`); none of these is in the paper.
-# SLOTS=xx|tags, VOCAB=separate (a BPE source, one target id per tree symbol), SIGNATURES=0,
-# AUGMENT=0, CONSTRAINED=0 and PRESET=parsing-cpu give back the paper's choices.
-# TREEBANK_ARGS, PREPARE_ARGS, TRAIN_ARGS and PARSE_ARGS go to `aiayn treebank`, `prepare`,
-# `train` and `parse`; EVAL_SPLITS (default "valid test") says which splits to parse and score.
-# ENSEMBLE=N trains N models one after the other, MINUTES/N minutes each with seeds 1..N (runs
-# $OUT/run, $OUT/run2, ...), and parses with their ensemble (`aiayn parse --model A B`); PRESET
-# may name several presets, which the members take in turn (ENSEMBLE defaults to their number);
-# a member's preset may carry config changes, `parsing-small-v3:p_drop=0.2,eps_ls=0.05` meaning
-# `--preset parsing-small-v3 --set p_drop=0.2 eps_ls=0.05`. PARALLEL=1 trains the members at once, each for
-# MINUTES (on one GPU, which small models leave mostly idle; logs in $OUT/runK.log, for chart
-# parsers $OUT/modelK.log). A killed run resumes. PYTHON and AIAYN name the interpreter and the
-# command (default: .venv's).
-# PARSER=chart (not in the paper) trains the span-based chart parser instead (`aiayn train-chart`,
-# aiayn/parsing/chart.py: the paper's encoder, a score per span and label, CKY): no prepare, no
-# beam search. CHART lists its members' config changes, space-separated, each a comma-separated
-# NAME=VALUE list or `-` for the defaults (ENSEMBLE defaults to their number), e.g.
-# CHART="- d_model=256,d_ff=1024,n_heads=8,d_span=256"; finished members are kept on a rerun.
-# VOTERS=DIR (with PARSER=chart): the models DIR/model, DIR/model2, ... (an earlier run of this
-# script, e.g. sequence-to-sequence parsers) parse each split first (trees in $OUT/votes/, kept
-# on a rerun), and each of their trees votes for its brackets in the chart's CKY (`aiayn parse
-# --votes`; VOTE_WEIGHT, default 1).
+# Settings (environment variables):
+#   TREEBANK     a directory or zip of PTB .mrg files (default: the workspace's WSJ sample)
+#   OUT          where everything goes (default runs/parsing); a killed run resumes
+#   MINUTES      training time in all (default 30)
+#   PARSER       chart (default; not in the paper: the paper's encoder, a score per span and
+#                label, CKY) or seq2seq (§6.3: the Transformer writes the linearized tree, beam 21)
+#   ENSEMBLE     N > 1: N models of MINUTES/N minutes each (seeds 1..N), parsing as one ensemble
+#   PARALLEL     1: train the ENSEMBLE's members at once, MINUTES each (one GPU; logs OUT/runK.log)
+#   VOTERS       with PARSER=chart: an earlier OUT of this script whose models (DIR/model,
+#                DIR/model2, ...) parse each split first; their brackets vote in the chart's CKY
+#   EVAL_SPLITS  the splits to parse and score (default "valid test"; empty: train only)
+#   TRAIN_ARGS   more options for every `aiayn train`, e.g. "--set d_model=256 d_ff=1024"
+#
+# The settings chosen on dev (docs/experiments/parsing.md), none of them in the paper: the words
+# written in the target (the 4,000 commonest; §6.3 writes XX), source words seen under 3 times in
+# training written as their signatures, the training set tripled by subtree substitution, and,
+# for the sequence-to-sequence parser, one word vocabulary for both sides and tree-constrained beam
+# search. The paper's own choices are plain commands in docs/guides/parsing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SETUP:-1}" = 1 ] && bash scripts/setup.sh
 TREEBANK=${TREEBANK:-../shared/data/ptb-sample/treebank.zip}
 OUT=${OUT:-runs/parsing}
 MINUTES=${MINUTES:-30}
-PRESET=${PRESET:-parsing-small-v3}  # several (space-separated): the ENSEMBLE's members take them in turn
-read -ra PRESETS <<< "$PRESET"
-SLOTS=${SLOTS:-words}  # what stands for a word in the target: xx (§6.3), tags, or words
-VOCAB=${VOCAB:-shared-words}  # shared-words or separate (source BPE, target symbols)
-CONSTRAINED=${CONSTRAINED:-1}  # 1: the search writes only trees over the sentence's words
-SIGNATURES=${SIGNATURES:-3}  # N > 0: source words seen < N times in training become signatures
-AUGMENT=${AUGMENT:-2}  # K > 0: K rounds of new training trees by subtree substitution
-SRC_TYPE=${SRC_TYPE:-bpe}; SRC_VOCAB=${SRC_VOCAB:-4000}
-EVAL_SPLITS=${EVAL_SPLITS-valid test}  # empty: train only
-PARSER=${PARSER:-seq2seq}  # seq2seq (§6.3) or chart (not in the paper)
-read -ra CHARTS <<< "${CHART:--}"
-MEMBERS=${#PRESETS[@]}; [ "$PARSER" = chart ] && MEMBERS=${#CHARTS[@]}
-ENSEMBLE=${ENSEMBLE:-$MEMBERS}  # N > 1: N models of MINUTES/N minutes each, parsing as their ensemble
-PARALLEL=${PARALLEL:-0}  # 1: train the ENSEMBLE's members at once, MINUTES each
-A=${AIAYN:-.venv/bin/aiayn}
-PY=${PYTHON:-.venv/bin/python}
-if [ "$SIGNATURES" -gt 0 ] && [ "$VOCAB" != shared-words ]; then
-  # `aiayn parse` maps a word to its signature only where a word vocabulary cannot read it
-  echo "scripts/parsing.sh: SIGNATURES=$SIGNATURES needs VOCAB=shared-words (with VOCAB=$VOCAB set SIGNATURES=0)" >&2; exit 2
-fi
-if [ "$PARSER" != seq2seq ] && [ "$PARSER" != chart ]; then
-  echo "scripts/parsing.sh: PARSER must be seq2seq or chart (got '$PARSER')" >&2; exit 2
-fi
+PARSER=${PARSER:-chart}
+ENSEMBLE=${ENSEMBLE:-1}
+PARALLEL=${PARALLEL:-0}
 VOTERS=${VOTERS:-}
+EVAL_SPLITS=${EVAL_SPLITS-valid test}
+A=.venv/bin/aiayn
+fail() { echo "scripts/parsing.sh: $*" >&2; exit 2; }
+# dev figures: the chart's loss and bracket F1 (it parses dev, seconds); the sequence model's loss
+case "$PARSER" in
+  chart) PRESET=parsing-chart-small; EVAL=(--eval-every 1000) ;;
+  seq2seq) PRESET=parsing-seq2seq-small; EVAL=(--eval-every 250 --eval-bleu-sentences 0) ;;
+  *) fail "PARSER must be chart or seq2seq (got '$PARSER')" ;;
+esac
+[ "$ENSEMBLE" -ge 1 ] 2>/dev/null || fail "ENSEMBLE must be a number of models, 1 or more (got '$ENSEMBLE')"
 if [ -n "$VOTERS" ]; then
-  [ "$PARSER" = chart ] || { echo "scripts/parsing.sh: VOTERS needs PARSER=chart (votes weigh brackets in a chart)" >&2; exit 2; }
-  [ -d "$VOTERS/model" ] || { echo "scripts/parsing.sh: VOTERS=$VOTERS: no model there ($VOTERS/model)" >&2; exit 2; }
+  [ "$PARSER" = chart ] || fail "VOTERS needs PARSER=chart (votes weigh brackets in a chart)"
+  [ -d "$VOTERS/model" ] || fail "VOTERS=$VOTERS: no model there ($VOTERS/model)"
 fi
-if ! [ "$ENSEMBLE" -ge 1 ] 2>/dev/null; then
-  echo "scripts/parsing.sh: ENSEMBLE must be a number of models, 1 or more (got '$ENSEMBLE')" >&2; exit 2
-fi
-PARSE_CONSTRAINT=""
-[ "$CONSTRAINED" = 1 ] && PARSE_CONSTRAINT=--constrained
-set -x
-# with SLOTS=words, the TGT_WORDS commonest training words are written in the target, others XX
-$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots "$SLOTS" --target-words "${TGT_WORDS:-4000}" \
-    --signatures "$SIGNATURES" --augment "$AUGMENT" --overwrite ${TREEBANK_ARGS:-}
-suffix() { [ "$1" -gt 1 ] && echo "$1" || true; }  # member k's run/model suffix: run, run2, ...
-set_args() {  # "F=V,G=W" -> SET_ARGS=(--set F=V G=W); "" or "-" -> SET_ARGS=()
-  SET_ARGS=()
-  if [ -n "$1" ] && [ "$1" != - ]; then IFS=, read -ra SET_ARGS <<< "$1"; SET_ARGS=(--set "${SET_ARGS[@]}"); fi
-}
-MODELS=()
-PIDS=()  # members training in the background (PARALLEL=1) and their logs
-LOGS=()
-member() {  # LOG COMMAND...: run a member's training, in the background with PARALLEL=1
-  local log=$1; shift
-  if [ "$PARALLEL" = 1 ]; then "$@" --no-progress > "$log" 2>&1 & PIDS+=($!); LOGS+=("$log"); else "$@"; fi
-}
-wait_members() {  # the first failure stops the others and shows its log
-  for k in "${!PIDS[@]}"; do
-    wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "${LOGS[$k]}" >&2; echo "scripts/parsing.sh: training failed (log: ${LOGS[$k]})" >&2; exit 1; }
-    grep -E "^(done|final dev)" "${LOGS[$k]}" | sed "s|^|$(basename "${LOGS[$k]}" .log): |"
-  done
-}
 EACH=$MINUTES
 [ "$PARALLEL" = 1 ] || EACH=$(awk "BEGIN {print $MINUTES / $ENSEMBLE}")
-if [ "$PARSER" = chart ]; then
-  PARSE_CONSTRAINT=""  # CKY: every output is a tree over the words
-  for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=$(suffix "$k")
-    set_args "${CHARTS[$(( (k - 1) % ${#CHARTS[@]} ))]}"
-    [ -e "$OUT/model$SUFFIX/chart.json" ] || member "$OUT/model$SUFFIX.log" $A train-chart --corpus "$OUT/corpus" \
-        --out "$OUT/model$SUFFIX" --minutes "$EACH" --seed "$k" --overwrite "${SET_ARGS[@]}" ${TRAIN_ARGS:-}
-    MODELS+=("$OUT/model$SUFFIX")
-  done
-  wait_members
-else
-  SRC_LANG=words
-  [ "$SIGNATURES" -gt 0 ] && SRC_LANG=src  # the source with rare words as their signatures
-  corpus_info() { $PY -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], 0))" "$OUT/corpus/corpus.json" "$1"; }
-  if [ "$VOCAB" = shared-words ]; then
-    # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): the
-    # WORD_VOCAB commonest words and tree symbols (rarer source words are UNK; the target's are
-    # XX already); a word is then the same id and embedding in the source and the target
-    # (with signatures every training word left fits: the corpus counts them)
-    WORDS=${WORD_VOCAB:-8000}
-    if [ "$SIGNATURES" -gt 0 ]; then FITS=$(corpus_info vocabulary); WORDS=$(( WORDS < FITS ? WORDS : FITS )); fi
-    VOCAB_ARGS=(--model-type word --vocab-size "$WORDS")
-  else
-    # the source's BPE pieces; the target's own vocabulary, one id per target symbol (tree
-    # symbols, and the written words with SLOTS=words): a shared BPE vocabulary would cut `(NP`
-    # into `(` + `NP`
-    SYMBOLS=$(corpus_info train_target_symbols)
-    VOCAB_ARGS=(--separate-vocab --model-type "$SRC_TYPE" --vocab-size "$SRC_VOCAB"
-                --tgt-model-type word --tgt-vocab-size $((SYMBOLS + 4)))
-  fi
-  $A prepare --src-lang "$SRC_LANG" --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
-      --test "$OUT/corpus/test" "${VOCAB_ARGS[@]}" --max-len 0 --max-ratio 0 --out "$OUT/data" ${PREPARE_ARGS:-}
-  # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the last sixth of the run
-  for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=$(suffix "$k")
-    RESUME=""
-    [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
-    MEMBER=${PRESETS[$(( (k - 1) % ${#PRESETS[@]} ))]}  # NAME or NAME:FIELD=VALUE,FIELD=VALUE
-    set_args ""; [[ "$MEMBER" == *:* ]] && set_args "${MEMBER#*:}"
-    TRAIN=($A train --data "$OUT/data" --out "$OUT/run$SUFFIX" --preset "${MEMBER%%:*}" "${SET_ARGS[@]}"
-           --time-budget "$EACH" --save-minutes "$(awk "BEGIN {print $EACH / 30}")" --eval-every 250
-           --eval-bleu-sentences 0 --seed "$k" $RESUME ${TRAIN_ARGS:-})
-    member "$OUT/run$SUFFIX.log" "${TRAIN[@]}"
-    MODELS+=("$OUT/model$SUFFIX")
-  done
-  wait_members
-  for k in $(seq 1 "$ENSEMBLE"); do
-    SUFFIX=$(suffix "$k")
-    $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
-  done
+set -x
+$A treebank --treebank "$TREEBANK" --out "$OUT/corpus" --slots words --target-words 4000 \
+    --signatures 3 --augment 2 --overwrite
+DATA="$OUT/corpus"  # the chart parser reads the corpus; the sequence-to-sequence parser a dataset
+if [ "$PARSER" = seq2seq ]; then
+  # one vocabulary of whole tokens for both sides (§3.4: shared, tied embeddings): every training
+  # word left after signatures, and the tree symbols
+  WORDS=$(.venv/bin/python -c "import json,sys; print(json.load(open(sys.argv[1]))['vocabulary'])" "$OUT/corpus/corpus.json")
+  $A prepare --src-lang src --tgt-lang tree --train "$OUT/corpus/train" --valid "$OUT/corpus/valid" \
+      --test "$OUT/corpus/test" --model-type word --vocab-size "$((WORDS < 8000 ? WORDS : 8000))" \
+      --max-len 0 --max-ratio 0 --out "$OUT/data"
+  DATA="$OUT/data"
 fi
+set +x
+MODELS=(); PIDS=(); LOGS=()
+for k in $(seq 1 "$ENSEMBLE"); do
+  SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k  # run, run2, ...
+  RESUME=""; [ -e "$OUT/run$SUFFIX/last" ] && RESUME=--resume
+  # a checkpoint every 1/30 of the budget: the 5 averaged (n_average) span the run's last sixth
+  TRAIN=($A train --data "$DATA" --out "$OUT/run$SUFFIX" --preset "$PRESET" --time-budget "$EACH"
+         --save-minutes "$(awk "BEGIN {print $EACH / 30}")" "${EVAL[@]}" --seed "$k" $RESUME
+         ${TRAIN_ARGS:-})
+  echo "+ ${TRAIN[*]}" >&2
+  if [ "$PARALLEL" = 1 ]; then
+    "${TRAIN[@]}" > "$OUT/run$SUFFIX.log" 2>&1 & PIDS+=($!); LOGS+=("$OUT/run$SUFFIX.log")
+  else
+    "${TRAIN[@]}"
+  fi
+  MODELS+=("$OUT/model$SUFFIX")
+done
+for k in "${!PIDS[@]}"; do  # the first failure stops the others and shows its log
+  wait "${PIDS[$k]}" || { kill "${PIDS[@]}" 2>/dev/null; tail -n 20 "${LOGS[$k]}" >&2; fail "training failed (log: ${LOGS[$k]})"; }
+done
+set -x
+for k in $(seq 1 "$ENSEMBLE"); do
+  SUFFIX=""; [ "$k" -gt 1 ] && SUFFIX=$k
+  $A average --run "$OUT/run$SUFFIX" --out "$OUT/model$SUFFIX" --overwrite
+done
+CONSTRAINED=""; [ "$PARSER" = seq2seq ] && CONSTRAINED=--constrained
 for split in $EVAL_SPLITS; do
   VOTES=()
   if [ -n "$VOTERS" ]; then
@@ -159,14 +97,14 @@ for split in $EVAL_SPLITS; do
     for m in "$VOTERS"/model "$VOTERS"/model[0-9]*; do
       [ -d "$m" ] || continue
       V="$OUT/votes/$split.$(basename "$m").trees"
-      C=--constrained; [ -e "$m/chart.json" ] && C=""
+      C=--constrained; grep -q '"chart-parser"' "$m/config.json" 2>/dev/null && C=""
       [ -e "$V" ] || $A parse --model "$m" --input "$OUT/corpus/$split.words" --output "$V" $C
       VOTES+=("$V")
     done
-    VOTES=(--votes "${VOTES[@]}" --vote-weight "${VOTE_WEIGHT:-1}")
+    VOTES=(--votes "${VOTES[@]}")
   fi
   $A parse --model "${MODELS[@]}" --input "$OUT/corpus/$split.words" --output "$OUT/$split.trees" \
-      --linearized "$OUT/$split.lin" --overwrite --progress $PARSE_CONSTRAINT "${VOTES[@]}" ${PARSE_ARGS:-} 2>&1 | tee "$OUT/$split.parse.log"
+      --overwrite $CONSTRAINED "${VOTES[@]}" 2>&1 | tee "$OUT/$split.parse.log"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold > "$OUT/$split.evalb"
   $A evalb --gold "$OUT/corpus/$split.gold" --test "$OUT/$split.trees" --tags-from-gold --json > "$OUT/$split.evalb.json"
 done

@@ -149,8 +149,15 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
     err = capsys.readouterr().err.strip()
     assert "--overwrite" in err and "\n" not in err
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
-    assert cli_main(args + ["--overwrite"]) == 0
-    assert (out / "model.bin").exists() and not (out / "mine.txt").exists()
+    # --overwrite replaces only what export writes: never a user's own directory
+    assert cli_main(args + ["--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a CTranslate2 model directory" in err and "\n" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    out.rmdir()
+    assert cli_main(args) == 0 and cli_main(args + ["--overwrite"]) == 0
+    assert (out / "model.bin").exists()
     assert cli_main(["export", "--format", "ctranslate2", "--overwrite", str(model_dir),
                      str(model_dir)]) == 2  # never over the model itself
     assert "model directory itself" in capsys.readouterr().err
@@ -158,7 +165,6 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
 
 @pytest.mark.parametrize("overrides, option", [
     (dict(attn_window=2), "attn_window"),
-    (dict(pointer=True), "pointer"),
     (dict(d_k=16, d_v=8), "d_v=8"),
     (dict(arch="rnn", rnn_emb=8, rnn_hidden=8, rnn_attn=8), "arch='rnn'"),
 ])

@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 
 import pytest
 
-from aiayn import BASE, PRESETS, Config, UserError, count_parameters, load_config
+from aiayn import BASE, PRESETS, Config, UserError, count_parameters, get_preset, load_config
 from training_fixtures import MICRO
 
 TABLE3_DELTAS = {  # row -> the fields the paper's Table 3 changes from base
@@ -46,38 +46,108 @@ def test_presets_are_exactly_their_table3_delta(name):
 
 
 def test_config_py_holds_only_the_papers_presets_and_recipes_keep_theirs():
-    from aiayn.config import all_presets, get_preset
-    from aiayn.recipes import recipe_presets
+    from aiayn.presets import CURRENT, RECIPES, all_presets
 
     assert set(PRESETS) == {"base", "parsing", "big-enfr", *TABLE3_DELTAS}
     assert PRESETS["big-enfr"] == replace(PRESETS["big"], p_drop=0.1)  # §6.1: EN-FR big drops 0.1
-    recipes = recipe_presets()
-    assert {"g2p", "g2p-v2", "multi30k", "multi30k-v3"} <= set(recipes)
-    assert not set(recipes) & set(PRESETS) and all_presets() == {**PRESETS, **recipes}
-    # each later preset is its parent plus the documented delta
-    assert get_preset("g2p-v2") == replace(get_preset("g2p"), lr_cooldown=0.2)
-    assert get_preset("multi30k-v3") == replace(get_preset("multi30k"), p_attn_drop=0.1,
-                                                p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2)
+    assert not set(RECIPES) & set(PRESETS) and all_presets() == {**PRESETS, **RECIPES}
+    current = {n for names in CURRENT.values() for n in names}
+    assert current == set(CURRENT_FIELDS)
+    # every recipe preset is a current one, or a Table 3 study row
+    assert {n for n in RECIPES if not n.startswith("table3")} == current - {"table3"}
 
 
-@pytest.mark.parametrize("name", ["multi30k-v2", "tiny", "micro"])
-def test_a_retired_preset_fails_naming_a_successor_with_the_same_settings(name):
-    from aiayn.recipes import RETIRED_PRESETS
+# Each current preset's fields, pinned: a name never silently changes meaning. (Deltas from the
+# paper's base; the chart parser's from ChartConfig's defaults.)
+_SMALL = dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3, warmup_steps=1000,
+              max_tokens=4096)
+_PARSING = dict(n_layers=4, d_model=1024, beam_size=21, alpha=0.3, max_len_b=300)
+CURRENT_FIELDS = {
+    "translation-small": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
+    "translation-small-rnn": dict(arch="rnn", rnn_emb=256, rnn_hidden=256, rnn_attn=256, p_drop=0.3,
+                                  warmup_steps=200, max_tokens=4096, lr_cooldown=0.2),
+    "g2p-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
+                      max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
+    "parsing-seq2seq-small": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,
+                                  p_word_drop=0.1, norm="pre", warmup_steps=500, max_tokens=2048,
+                                  lr_cooldown=0.2),
+    "parsing-chart-small": dict(n_layers=4, d_model=128, d_ff=512, n_heads=4, p_drop=0.2,
+                                p_word_drop=0.1, d_span=128, d_char=32, max_chars=20,
+                                warmup_steps=1000, lr_scale=1.0, lr_cooldown=0.2, clip_norm=1.0,
+                                adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-9, max_cells=40_000,
+                                max_steps=100_000, n_average=5),
+    "table3": dict(n_layers=3, d_model=128, d_ff=512, warmup_steps=400, max_tokens=2048,
+                   max_steps=1200),
+}
 
-    with pytest.raises(UserError, match=f"preset '{name}' was removed; use `--preset"):
+
+@pytest.mark.parametrize("name", sorted(CURRENT_FIELDS))
+def test_each_current_preset_has_its_pinned_fields(name):
+    from aiayn.parsing.chart.config import ChartConfig
+
+    got = get_preset(name)
+    if isinstance(got, ChartConfig):
+        assert got.to_dict() == CURRENT_FIELDS[name]
+    else:
+        assert got == replace(BASE, **CURRENT_FIELDS[name])
+
+
+# The settings each retired name had (deltas from the paper's base), as it was defined.
+RETIRED_FIELDS = {
+    "multi30k": _SMALL,
+    "multi30k-v2": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5),
+    "multi30k-v3": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
+    "tiny": dict(_SMALL, p_drop=0.1, max_steps=20_000),
+    "micro": dict(n_layers=2, d_model=64, d_ff=256, n_heads=4, warmup_steps=200, max_tokens=2048,
+                  max_steps=2000),
+    "rnn-multi30k": dict(arch="rnn", rnn_emb=256, rnn_hidden=256, rnn_attn=256, p_drop=0.3,
+                         warmup_steps=200, max_tokens=4096, lr_cooldown=0.2),
+    "g2p": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400, max_tokens=4000,
+                max_len_b=10),
+    "g2p-v2": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400, max_tokens=4000,
+                   max_len_b=10, lr_cooldown=0.2),
+    "parsing-cpu": dict(_PARSING, n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3,
+                        warmup_steps=500, max_tokens=2048, lr_cooldown=0.2),
+    "parsing-small": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.3,
+                          warmup_steps=500, max_tokens=2048, lr_cooldown=0.2, norm="pre"),
+    "parsing-small-wd": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.3,
+                             warmup_steps=500, max_tokens=2048, lr_cooldown=0.2, norm="pre",
+                             p_word_drop=0.1),
+    "parsing-small-v2": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.2,
+                             warmup_steps=500, max_tokens=2048, lr_cooldown=0.2, norm="pre",
+                             p_word_drop=0.1),
+    "parsing-small-v3": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,
+                             warmup_steps=500, max_tokens=2048, lr_cooldown=0.2, norm="pre",
+                             p_word_drop=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RETIRED_FIELDS))
+def test_a_retired_preset_fails_naming_a_successor_with_the_same_settings(name, capsys):
+    from aiayn.cli import main as cli_main
+    from aiayn.presets import RETIRED
+
+    with pytest.raises(UserError, match=f"preset '{name}' was retired; use `--preset"):
         load_config(name)
     # the successor the message names gives exactly the settings the name had
-    successor = RETIRED_PRESETS[name].split("`")[1].split()
+    successor = RETIRED[name].split("`")[1].split()
     preset = successor[1]
     overrides = successor[3:] if "--set" in successor else []
-    old = {"multi30k-v2": dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3,
-                               warmup_steps=1000, max_tokens=4096, p_attn_drop=0.1,
-                               p_ffn_drop=0.1, alpha=1.5),
-           "tiny": dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, warmup_steps=1000,
-                        max_tokens=4096, max_steps=20_000),
-           "micro": dict(n_layers=2, d_model=64, d_ff=256, n_heads=4, warmup_steps=200,
-                         max_tokens=2048, max_steps=2000)}[name]
-    assert load_config(preset, overrides=overrides) == replace(BASE, **old)
+    assert load_config(preset, overrides=overrides) == replace(BASE, **RETIRED_FIELDS[name])
+    # and the command line says so in one line
+    assert cli_main(["info", "--preset", name]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and successor[1] in err
+
+
+def test_every_retired_name_is_tested_and_none_is_in_use():
+    from aiayn.presets import RETIRED, all_presets
+
+    # the pointer's preset has no successor with its settings: the option is gone
+    assert set(RETIRED) == set(RETIRED_FIELDS) | {"parsing-small-v3-pointer"}
+    assert not set(RETIRED) & set(all_presets())
+    with pytest.raises(UserError, match="removed with Config.pointer"):
+        load_config("parsing-small-v3-pointer")
 
 
 def test_saved_configs_of_retired_fields_still_load():

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.config import BASE, load_config
+from aiayn.config import BASE
+from aiayn.presets import load_config
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.model import build_model, count_parameters, flops_per_target_token

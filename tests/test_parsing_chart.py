@@ -1,7 +1,7 @@
-"""The chart parser (aiayn/parsing/chart.py): spans of hand-built trees, CKY against brute force
+"""The chart parser (aiayn/parsing/chart/): spans of hand-built trees, CKY against brute force
 over every binary bracketing, decoding gold scores back to the gold tree, batched = one at a time,
-an ensemble of one model twice = that model, and `aiayn train-chart` + `aiayn parse` end to end
-on a tiny corpus it learns exactly."""
+an ensemble of one model twice = that model, and `aiayn train --preset parsing-chart-small` +
+`aiayn average` + `aiayn parse` end to end on a tiny corpus it learns exactly."""
 
 import itertools
 import json
@@ -15,17 +15,15 @@ import torch.nn.functional as F
 from nltk.tree import Tree
 
 from aiayn.cli import main
-from aiayn.parsing.chart import (CHAR_SPECIALS, NONE, CharEncoder, ChartConfig, ChartModel, SpanParser, char_ids,
-                                 chart_parse, cky, decode_tree, encode, load_chart, model_words, save_chart,
-                                 span_targets, span_votes, spans_to_tree, tree_spans)
+from aiayn.parsing.chart.config import ChartConfig
+from aiayn.parsing.chart.data import Vocabulary
+from aiayn.parsing.chart.files import ChartModel, load_chart, write_model_dir
+from aiayn.parsing.chart.model import (CHAR_SPECIALS, SPECIALS, CharEncoder, SpanParser, char_ids, encode,
+                                       model_words, span_targets)
+from aiayn.parsing.chart.parse import chart_parse
+from aiayn.parsing.chart.trees import NONE, cky, decode_tree, span_votes, spans_to_tree, tree_spans
 from aiayn.parsing.signatures import signature
-
-TREES = [
-    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
-    "(S (NP (NNP John)) (VP (VBD ran)))",
-    "(SINV (S (VP (VB Go))) (, ,) (VP (VBD said)) (NP (PRP he)) (. .))",
-    "(NP (NN Hello))",
-]
+from training_fixtures import SMALL_CHART, TREES, tiny_treebank_corpus
 
 
 def xx(line: str) -> str:
@@ -114,9 +112,15 @@ def _tiny_model(seed=0, d_char=0):
     torch.manual_seed(seed)
     cfg = ChartConfig(n_layers=1, d_model=16, d_ff=32, n_heads=2, d_span=16, p_drop=0.0, p_word_drop=0.0,
                       d_char=d_char, max_chars=6)
-    words = ["<pad>", "<unk>", "<s>", "</s>", "a", "b", "c", "d"]
-    chars = list(CHAR_SPECIALS) + list("abcd") if d_char else []
-    return ChartModel(SpanParser(cfg, len(words), 4, len(chars)).eval(), words, [NONE, "S", "NP", "VP"], chars)
+    vocab = Vocabulary(list(SPECIALS) + list("abcd"), [NONE, "S", "NP", "VP"],
+                       list(CHAR_SPECIALS) + list("abcd") if d_char else [])
+    return ChartModel(SpanParser(cfg, len(vocab.words), 4, len(vocab.chars)).eval(), vocab)
+
+
+def save(m: ChartModel, path):
+    path.mkdir()
+    write_model_dir(path, m.model.state_dict(), m.model.cfg, m.vocab, {})
+    return path
 
 
 @pytest.mark.parametrize("d_char", [0, 8])
@@ -134,7 +138,7 @@ def test_batched_scores_equal_one_sentence_at_a_time(d_char):
 def test_span_scores_equal_the_mlp_on_each_span_built_by_hand():
     """The factorized span layer (once per fencepost) against [f_j - f_i ; b_i - b_j] per span."""
     m = _tiny_model(2).model
-    ids = encode([["a", "b", "c", "d"], ["d", "a"]], _tiny_model().index)
+    ids = encode([["a", "b", "c", "d"], ["d", "a"]], _tiny_model().vocab.word_index)
     with torch.no_grad():
         out = m(ids)
         h = m.encode(ids)
@@ -181,22 +185,37 @@ def test_the_char_encoder_once_per_distinct_word_equals_each_word_alone():
                 torch.testing.assert_close(got[b, t], want, atol=1e-6, rtol=1e-5)
 
 
-def test_a_model_saved_before_characters_still_loads(tmp_path):
+def _save_before_the_trainer(m: ChartModel, path, characters: bool = True):
+    """A model directory as saved before the chart parser trained through `aiayn train`: chart.json
+    holding kind, config, vocabularies and info; no config.json (and, older still, no characters)."""
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    config = {k: v for k, v in m.model.cfg.to_dict().items() if k in (
+        "n_layers", "d_model", "d_ff", "n_heads", "p_drop", "p_word_drop", "d_span", "warmup_steps",
+        "lr_scale", "lr_cooldown", "max_cells", "d_char", "max_chars")}
+    meta = {"kind": "chart", "config": config, "words": m.vocab.words, "labels": m.vocab.labels,
+            "chars": m.vocab.chars, "info": {"steps": 1}}
+    if not characters:
+        for key in ("d_char", "max_chars"):
+            del meta["config"][key]
+        del meta["chars"]
+    (path / "chart.json").write_text(json.dumps(meta))
+    save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(path / "model.safetensors"))
+    return path
+
+
+def test_models_saved_before_the_trainer_and_before_characters_still_load(tmp_path):
     m = _tiny_model(6)
-    save_chart(m, tmp_path / "m", {})
-    meta = json.loads((tmp_path / "m" / "chart.json").read_text())
-    for key in ("d_char", "max_chars"):
-        del meta["config"][key]
-    del meta["chars"]
-    (tmp_path / "m" / "chart.json").write_text(json.dumps(meta))
-    old = load_chart(tmp_path / "m")
+    old = load_chart(_save_before_the_trainer(m, tmp_path / "m", characters=False))
     assert old.model.char_encoder is None and old.model.cfg.d_char == 0
     assert chart_parse([old], ["a b c d"]) == chart_parse([m], ["a b c d"])
     with_chars = _tiny_model(6, d_char=4)
-    save_chart(with_chars, tmp_path / "c", {})
-    back = load_chart(tmp_path / "c")
-    assert back.chars == with_chars.chars
+    back = load_chart(_save_before_the_trainer(with_chars, tmp_path / "c"))
+    assert back.vocab.chars == with_chars.vocab.chars
     assert chart_parse([back], ["a bad cab xyz"]) == chart_parse([with_chars], ["a bad cab xyz"])
+    now = load_chart(save(with_chars, tmp_path / "now"))
+    assert chart_parse([now], ["a bad cab xyz"]) == chart_parse([with_chars], ["a bad cab xyz"])
 
 
 def test_parses_are_trees_over_the_words_and_an_ensemble_of_one_model_twice_is_that_model():
@@ -209,35 +228,121 @@ def test_parses_are_trees_over_the_words_and_an_ensemble_of_one_model_twice_is_t
         assert Tree.fromstring(tree).leaves() == line.split()
 
 
+def _train(corpus, run, *extra):
+    return main(["train", "--data", str(corpus), "--out", str(run), "--preset", "parsing-chart-small",
+                 "--max-steps", "150", "--save-every", "10", "--eval-every", "75", "--no-progress",
+                 "--no-tensorboard", "--threads", "1", "--set", *SMALL_CHART, *extra])
+
+
 @pytest.mark.parametrize("chars", [["d_char=0"], ["d_char=8"]])
-def test_train_chart_and_parse_end_to_end(tmp_path, capsys, chars):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    gold = [Tree.fromstring(t) for t in TREES]
-    for split in ("train", "valid"):
-        (corpus / f"{split}.words").write_text("".join(" ".join(t.leaves()) + "\n" for t in gold))
-        (corpus / f"{split}.gold").write_text("".join(t.pformat(margin=1 << 30) + "\n" for t in gold))
-    out = tmp_path / "chart"
-    code = main(["train-chart", "--corpus", str(corpus), "--out", str(out), "--max-steps", "150",
-                 "--no-progress", "--set", "d_model=32", "d_ff=64", "n_heads=4", "d_span=32",
-                 "p_drop=0", "p_word_drop=0", "warmup_steps=20", *chars])
-    assert code == 0, capsys.readouterr().err
-    meta = json.loads((out / "chart.json").read_text())
-    assert (len(meta["chars"]) > len(CHAR_SPECIALS)) == (chars != ["d_char=0"])
-    assert meta["kind"] == "chart" and meta["info"]["steps"] == 150 and meta["info"]["averaged"] == 5
+def test_train_average_and_parse_end_to_end(tmp_path, capsys, chars):
+    corpus = tiny_treebank_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    assert _train(corpus, run, *chars) == 0, capsys.readouterr().err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 150 and summary["final_dev"]["dev_f1"] > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in records if r["kind"] == "dev"]
+    assert [r["step"] for r in dev] == [75, 150] and dev[1]["dev_nll"] < dev[0]["dev_nll"]
+    assert main(["average", "--run", str(run), "--out", str(tmp_path / "model")]) == 0
+    model = tmp_path / "model"
+    meta = json.loads((model / "meta.json").read_text())
+    assert len(meta["averaged_from"]) == 5  # n_average: the last five checkpoints, 110-150
+    vocab = json.loads((model / "chart.json").read_text())
+    assert (len(vocab["chars"]) > len(CHAR_SPECIALS)) == (chars != ["d_char=0"])
+    assert json.loads((model / "config.json").read_text())["task"] == "chart-parser"
     trees = tmp_path / "trees"
-    assert main(["parse", "--model", str(out), "--input", str(corpus / "train.words"),
+    assert main(["parse", "--model", str(model), "--input", str(corpus / "train.words"),
                  "--output", str(trees)]) == 0
     # four trees, 150 updates: learnt by heart
     assert trees.read_text().splitlines() == [xx(t) for t in TREES]
     capsys.readouterr()
-    assert main(["train-chart", "--corpus", str(corpus), "--out", str(out)]) == 2
+    # the trainer's guarantees: a run directory is not reused unasked; a bad value is one line
+    assert _train(corpus, run) == 2
     err = capsys.readouterr().err
-    assert "--overwrite" in err and err.count("\n") == 1
-    assert main(["train-chart", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
-                 "--set", "d_model=abc"]) == 2
+    assert "--resume" in err and err.count("\n") == 1
+    assert _train(corpus, tmp_path / "x", "d_model=abc") == 2
     err = capsys.readouterr().err
-    assert "d_model=abc" in err and err.count("\n") == 1
+    assert "d_model" in err and "abc" in err and err.count("\n") == 1
+
+
+def test_a_killed_chart_run_resumes_to_the_same_weights(tmp_path):
+    """SIGKILL after the first checkpoint, then --resume: the uninterrupted run's weights,
+    bit for bit (dropout on)."""
+    from safetensors.torch import load_file
+
+    from training_fixtures import run_cli, train_until_killed
+
+    corpus = tiny_treebank_corpus(tmp_path / "corpus", copies=8)
+    common = ["--data", str(corpus), "--preset", "parsing-chart-small", "--set", *SMALL_CHART,
+              "p_drop=0.2", "p_word_drop=0.1", "--max-steps", "120", "--save-every", "10",
+              "--eval-every", "40", "--threads", "1", "--no-tensorboard", "--no-progress",
+              "--seed", "3", "--save-minutes", "1000"]
+    killed = tmp_path / "killed"
+    train_until_killed(killed, common)
+    r = run_cli("train", "--out", str(tmp_path / "ref"), *common)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("train", "--out", str(killed), "--resume", *common)
+    assert r.returncode == 0, r.stderr
+    assert "resuming" in r.stderr
+    a = load_file(str(tmp_path / "ref" / "last" / "model.safetensors"))
+    b = load_file(str(killed / "last" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_of_another_corpus_is_not_resumed(tmp_path, capsys):
+    corpus = tiny_treebank_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    assert _train(corpus, run) == 0
+    other = tiny_treebank_corpus(tmp_path / "other", TREES[:2])
+    capsys.readouterr()
+    assert main(["train", "--data", str(other), "--out", str(run), "--resume",
+                 "--max-steps", "160", "--no-progress", "--no-tensorboard"]) == 2
+    err = capsys.readouterr().err
+    assert "vocabulary" in err and err.count("\n") == 1
+
+
+def test_the_sampler_resumes_where_it_stopped_and_shares_batches_among_ranks():
+    from aiayn.parsing.chart.data import ChartSampler, length_batches
+
+    lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 2, 3]
+    batches = length_batches(lengths, 60)
+    assert sorted(k for b in batches for k in b) == list(range(len(lengths)))
+    for b in batches:  # each batch within the budget, or one sentence alone
+        assert len(b) == 1 or (max(lengths[k] for k in b) + 1) ** 2 * len(b) <= 60
+    whole = ChartSampler(lengths, 60, seed=4)
+    run = [list(b) for _ in range(3) for b in whole]  # three epochs
+    again = ChartSampler(lengths, 60, seed=4)
+    first = [list(b) for b in itertools.islice(iter(again), 2)]
+    state = again.state_dict()
+    resumed = ChartSampler(lengths, 60, seed=4)
+    resumed.load_state_dict(state)
+    rest = [list(b) for b in resumed] + [list(b) for _ in range(2) for b in resumed]
+    assert first + rest == run
+    assert run[: len(whole)] != run[len(whole): 2 * len(whole)]  # a new order each epoch
+    ranks = [ChartSampler(lengths, 60, seed=4, rank=r, world_size=2) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == len(batches) // 2
+    shared = [list(b) for r in ranks for b in r]
+    assert len({tuple(b) for b in shared}) == len(shared)  # no batch on two ranks
+    with pytest.raises(Exception, match="max_tokens"):
+        ChartSampler(lengths, 61, seed=4).load_state_dict(state)
+
+
+def test_the_config_follows_the_config_conventions():
+    cfg = ChartConfig().with_overrides(["d_model=64", "p_drop=0.3", "d_char=0"])
+    assert (cfg.d_model, cfg.p_drop, cfg.d_char) == (64, 0.3, 0)
+    back = ChartConfig.from_dict(json.loads(cfg.to_json()))
+    assert back == cfg and json.loads(cfg.to_json())["task"] == "chart-parser"
+    assert cfg.architecture_changes(ChartConfig()) == ["d_model: 64 -> 128", "d_char: 0 -> 32"]
+    from aiayn.config import BASE
+    from aiayn.errors import UserError
+
+    with pytest.raises(UserError, match="not a chart-parser"):
+        ChartConfig.from_dict(BASE.to_dict())
+    with pytest.raises(UserError, match="a chart-parser model"):
+        type(BASE).from_dict(json.loads(cfg.to_json()))
+    with pytest.raises(UserError, match="unknown config field 'd_spam'"):
+        ChartConfig().with_overrides(["d_spam=3"])
 
 
 def test_a_chart_parser_and_a_sequence_model_do_not_ensemble(tmp_path, capsys):
@@ -254,6 +359,8 @@ def test_a_chart_parser_and_a_sequence_model_do_not_ensemble(tmp_path, capsys):
 def test_the_config_refuses_bad_values():
     from aiayn.errors import UserError
 
+    with pytest.raises(UserError, match="d_model"):
+        ChartConfig(d_model="wide")
     with pytest.raises(UserError, match="n_heads"):
         ChartConfig(d_model=30, n_heads=4)
     with pytest.raises(UserError, match="p_drop"):
@@ -291,12 +398,7 @@ def test_heavy_votes_make_the_chart_write_the_voted_spans():
 
 
 def test_parse_with_votes_from_the_command_line(tmp_path, capsys):
-    import shutil
-
-    from aiayn.parsing.chart import save_chart
-
-    model = tmp_path / "chart"
-    save_chart(_tiny_model(4), model, {})
+    model = save(_tiny_model(4), tmp_path / "chart")
     (tmp_path / "in").write_text("a b c d\n\nb a\n")
     votes = tmp_path / "votes"
     votes.write_text("(S (NP (XX a) (XX b)) (VP (XX c) (NP (XX d))))\n\n(S (XX b) (VP (XX a)))\n")
@@ -319,20 +421,19 @@ def test_parse_with_votes_from_the_command_line(tmp_path, capsys):
     assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in"), "--votes", str(other)]) == 2
     err = capsys.readouterr().err
     assert "other words than input line 1" in err and err.count("\n") == 1
+    from aiayn.config import BASE
+
     seq = tmp_path / "seq"
-    shutil.copytree(model, seq)
-    (seq / "chart.json").unlink()
+    seq.mkdir()
+    (seq / "config.json").write_text(BASE.to_json())
     assert main(["parse", "--model", str(seq), "--input", str(tmp_path / "in"), "--votes", str(votes)]) == 2
-    assert "need chart parsers" in capsys.readouterr().err
-
-
-def test_a_span_bonus_adds_brackets_and_a_penalty_removes_them():
-    m = _tiny_model(5)
-    lines = ["a b c d a b c", "d c b a"]
-    count = lambda trees: sum(t.count("(") for t in trees)  # noqa: E731
-    few, base, many = (chart_parse([m], lines, span_bonus=b) for b in (-50.0, 0.0, 50.0))
-    assert count(few) <= count(base) <= count(many)
-    # -50: only the whole sentence (and words); +50: a full binary bracketing, 2n - 1 spans
-    assert few == ["(" + chart_parse([m], [line])[0].split()[0][1:] + " " +
-                   " ".join(f"(XX {w})" for w in line.split()) + ")" for line in lines]
-    assert count(many) == sum(2 * len(line.split()) - 1 + len(line.split()) for line in lines)
+    assert "needs chart parsers" in capsys.readouterr().err
+    # the search options are for sequence-to-sequence parsers: refused, not ignored
+    assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in"), "--beam", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--beam" in err and "CKY" in err and err.count("\n") == 1
+    # a damaged model is one line, no traceback
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:100])
+    assert main(["parse", "--model", str(model), "--input", str(tmp_path / "in")]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and err.count("\n") == 1

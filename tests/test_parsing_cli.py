@@ -1,6 +1,6 @@
 """The parsing commands end to end on tiny fixtures: `aiayn treebank` on a zip, `aiayn parse` with
 a random model (its outputs are garbage, its trees must still be over exactly the input words),
-`aiayn evalb`, and the `parsing-cpu` preset through get_preset."""
+`aiayn evalb`, and the parsing presets through get_preset."""
 
 import json
 import zipfile
@@ -10,7 +10,8 @@ import pytest
 import torch
 from nltk.tree import Tree
 
-from aiayn.config import BASE, all_presets, get_preset
+from aiayn.config import BASE
+from aiayn.presets import all_presets, get_preset
 from aiayn.parsing.parse import parse_lines, trees_from_outputs
 from test_parsing_treebank import FILE_A, FILE_B
 
@@ -91,7 +92,7 @@ def parser_model(tmp_path_factory):
     src, tgt = train_tokenizers(words, trees, 16, "word", separate=True, tgt_vocab_size=14)
     src.save(d / SRC_SPM)
     tgt.save(d / TGT_SPM)
-    cfg = replace(get_preset("parsing-cpu"), vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size,
+    cfg = replace(get_preset("parsing-seq2seq-small"), vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size,
                   tie_embeddings=False, n_layers=1, d_model=32, d_ff=64, n_heads=4, max_len_b=12)
     torch.manual_seed(0)
     return save_model(d / "model", Transformer(cfg).eval(), cfg,
@@ -149,18 +150,8 @@ def test_parse_lines_delinearizes_the_translators_outputs():
         trees_from_outputs(["a"], [])
 
 
-def test_recipe_presets_are_found_by_name():
-    assert "parsing-cpu" in all_presets() and "base" in all_presets()
-    cpu, paper = get_preset("parsing-cpu"), get_preset("parsing")
-    # decoding stays §6.3's
-    assert (cpu.beam_size, cpu.alpha, cpu.max_len_b) == (paper.beam_size, paper.alpha, paper.max_len_b) == (21, 0.3, 300)
-    assert cpu != BASE
-    small = get_preset("parsing-small")
-    assert (small.norm, small.d_model, small.beam_size) == ("pre", 128, 21) and cpu.norm == "post"
-    # the recipe's defaults in turn: parsing-small with source word dropout, then dropout 0.2, then 0.15
-    assert get_preset("parsing-small-wd") == replace(small, p_word_drop=0.1) and small.p_word_drop == 0
-    assert get_preset("parsing-small-v2") == replace(small, p_word_drop=0.1, p_drop=0.2) and small.p_drop == 0.3
-    assert get_preset("parsing-small-v3") == replace(small, p_word_drop=0.1, p_drop=0.15)
-    # the ensemble partner: v3 with the pointer (not in the paper), nothing else changed
-    assert get_preset("parsing-small-v3-pointer") == replace(get_preset("parsing-small-v3"), pointer=True)
-    assert not get_preset("parsing-small-v3").pointer and not get_preset("parsing").pointer
+def test_the_recipes_parsers_decode_as_section_6_3():
+    small, paper = get_preset("parsing-seq2seq-small"), get_preset("parsing")
+    assert (small.beam_size, small.alpha, small.max_len_b) == (paper.beam_size, paper.alpha,
+                                                               paper.max_len_b) == (21, 0.3, 300)
+    assert small != BASE and "parsing-seq2seq-small" in all_presets()

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli import main as cli_main
-from aiayn.config import PRESETS, get_preset, load_config
+from aiayn.config import PRESETS
+from aiayn.presets import get_preset, load_config
 from aiayn.errors import UserError
 from aiayn.recipes import table3_study as study
 from aiayn.recipes.table3 import CLAIMS, PAPER_TABLE3, ROWS, TABLE3, row_config

@@ -192,7 +192,7 @@ def script_commands(**env) -> list[list[str]]:
                                                      ("en-fr", "big", "big-enfr", 20)])
 def test_recipe_script_runs_valid_commands(pair, model, preset, n_avg):
     from aiayn.cli import build_parser
-    from aiayn.config import get_preset
+    from aiayn.presets import get_preset
 
     cmds = script_commands(PAIR=pair, MODEL=model, GPUS="1")
     parser = build_parser()

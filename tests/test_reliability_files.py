@@ -18,7 +18,8 @@ import torch
 
 from aiayn import io
 from aiayn.cli import main as cli_main
-from aiayn.config import BASE, Config, load_config
+from aiayn.config import BASE, Config
+from aiayn.presets import load_config
 from aiayn.data.dataset import ParallelDataset, idx_file, ids_file, load_dataset_dir
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, read_config

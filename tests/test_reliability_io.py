@@ -18,7 +18,7 @@ import pytest
 
 from aiayn import io
 from aiayn.cli import main as cli_main
-from aiayn.config import load_config
+from aiayn.presets import load_config
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
 from aiayn.errors import OutputError, UserError

@@ -83,11 +83,18 @@ def test_average_checkpoints_and_architecture_mismatch(tmp_path, spm, capsys):
         average_checkpoints([a, b], tmp_path / "notes", overwrite=True)
 
 
+def writer(cfg, tokenizers, meta=None):
+    """A model directory's files, as the sequence-to-sequence task writes them."""
+    from aiayn.model.io import fill_model_dir
+
+    return lambda directory, weights: fill_model_dir(directory, weights, cfg, tokenizers, meta or {})
+
+
 def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm, monkeypatch):
     cfg = replace(MICRO, vocab_size=25, d_model=16, d_ff=32, n_layers=1)
     w = Transformer(cfg).state_dict()
     for step in (1, 2, 3, 4):
-        ckpt.save_checkpoint(tmp_path, step, w, cfg, spm, {"step": step},
+        ckpt.save_checkpoint(tmp_path, step, w, writer(cfg, spm, {"step": step}),
                              trainer_state(step), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     assert os.readlink(tmp_path / "last") == "checkpoints/step_000004"
@@ -102,7 +109,7 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     with monkeypatch.context() as m:
         m.setattr(torch, "save", boom)
         with pytest.raises(KeyboardInterrupt):
-            ckpt.save_checkpoint(tmp_path, 5, w, cfg, spm, {}, trainer_state(5), keep=3)
+            ckpt.save_checkpoint(tmp_path, 5, w, writer(cfg, spm), trainer_state(5), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     assert ckpt.latest_resumable(tmp_path) == ckpt.step_dir(tmp_path, 4)
     # leftover temporary directories (as after SIGKILL; of this version and an earlier one) are
@@ -117,7 +124,7 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     bad = {k: v.clone() for k, v in w.items()}
     next(iter(bad.values())).view(-1)[0] = float("nan")
     with pytest.raises(UserError, match="not finite"):
-        ckpt.save_checkpoint(tmp_path, 7, bad, cfg, spm, {}, trainer_state(7), keep=3)
+        ckpt.save_checkpoint(tmp_path, 7, bad, writer(cfg, spm), trainer_state(7), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
 
     (tmp_path / "last" / ckpt.TRAINER_STATE).write_bytes(b"garbage")

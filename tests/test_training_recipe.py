@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.config import get_preset
+from aiayn.presets import get_preset
 from aiayn.errors import UserError
 from aiayn.model.transformer import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
@@ -347,55 +347,3 @@ def test_precision_choices():
     r32, r16 = u32.update([B(src, tgt)], 1), u16.update([B(src, tgt)], 1)
     assert r16.applied and math.isfinite(r16.loss)
     assert r16.loss == pytest.approx(r32.loss, rel=2e-2) and r16.loss != r32.loss
-
-
-
-def test_symmetric_kl_worked_by_hand():
-    """R-Drop's regulariser. Row 1: p = (.5, .5), q = (.25, .75): KL(p||q) = .5 ln 2 + .5 ln(2/3),
-    KL(q||p) = .25 ln(1/2) + .75 ln(3/2); row 2 is padding and counts nothing."""
-    from aiayn.training.loss import symmetric_kl
-
-    a = torch.tensor([[0.5, 0.5], [0.9, 0.1]]).log().requires_grad_()
-    b = torch.tensor([[0.25, 0.75], [0.1, 0.9]]).log().requires_grad_()
-    want = (0.5 * math.log(2) + 0.5 * math.log(2 / 3) + 0.25 * math.log(0.5) + 0.75 * math.log(1.5)) / 2
-    kl = symmetric_kl(a, b, torch.tensor([5, PAD_ID]))
-    assert kl.item() == pytest.approx(want, rel=1e-6)
-    kl.backward()  # both passes are pulled towards each other
-    assert a.grad[0].abs().sum() > 0 and b.grad[0].abs().sum() > 0 and a.grad[1].abs().sum() == 0
-    same = torch.randn(3, 4, 7)
-    assert symmetric_kl(same, same.clone(), torch.full((3, 4), 5)).item() == 0.0
-
-
-def test_rdrop_update_is_the_documented_objective():
-    """Config.rdrop_alpha: without dropout both passes agree, so the update is the plain one;
-    with dropout the loss is the mean of the two passes' smoothed losses plus alpha times their
-    symmetric KL, from the batch run twice in one forward."""
-    import copy
-
-    from aiayn.training.loss import symmetric_kl
-
-    g = torch.Generator().manual_seed(3)
-    src, tgt = random_batch(g, 4, 6, 8)
-    plain_m, plain = updater_for(tiny_cfg(), sgd=True)
-    rd_m, rd = updater_for(tiny_cfg(rdrop_alpha=2.0), sgd=True)
-    r1, r2 = plain.update([B(src, tgt)], step=1), rd.update([B(src, tgt)], step=1)
-    assert r1.loss == pytest.approx(r2.loss, rel=1e-6) and r1.nll == pytest.approx(r2.nll, rel=1e-6)
-    for (k, x), y in zip(plain_m.state_dict().items(), rd_m.state_dict().values()):
-        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=k)
-
-    cfg = tiny_cfg(rdrop_alpha=2.0, p_drop=0.3)
-    model, upd = updater_for(cfg, sgd=True)
-    ref_model = copy.deepcopy(model).train()
-    batch = B(src, tgt)
-    torch.manual_seed(7)
-    logits = ref_model(torch.cat([src, src]), torch.cat([batch.tgt_in, batch.tgt_in]))
-    la, lb = logits.chunk(2)
-    ce = [label_smoothed_loss(x, tgt, cfg.eps_ls) for x in (la, lb)]
-    kl = symmetric_kl(la, lb, tgt)
-    assert kl.item() > 0  # dropout made the passes differ
-    want = ((ce[0].smoothed + ce[1].smoothed) / 2 + 2.0 * kl).item() / ce[0].n_tokens.item()
-    torch.manual_seed(7)
-    r = upd.update([batch], step=1)
-    assert r.loss == pytest.approx(want, rel=1e-5)
-    with pytest.raises(UserError, match="rdrop_alpha"):
-        tiny_cfg(rdrop_alpha=-1.0)

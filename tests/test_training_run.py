@@ -19,13 +19,14 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli import main as cli_main
-from aiayn.config import load_config
+from aiayn.presets import load_config
 from aiayn.model.io import load_model
+from aiayn.training import seq2seq as seq2seq_module
 from aiayn.training import step as step_module
 from aiayn.training.checkpoint import TRAINER_STATE, list_checkpoints
 from aiayn.training.loss import LossSums, label_smoothed_loss
 from aiayn.training.trainer import TrainingDiverged, TrainOptions, train
-from training_fixtures import REPO, SMALL, run_cli, tiny_dataset
+from training_fixtures import REPO, SMALL, run_cli, tiny_dataset, train_until_killed
 
 
 @pytest.fixture(scope="module")
@@ -149,18 +150,7 @@ def test_sigkill_then_resume_is_bit_identical(data, tmp_path):
               "--threads", "1", "--no-tensorboard", "--no-progress", "--seed", "3",
               "--save-minutes", "1000"]
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "aiayn", "train", "--out", str(killed), *common],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not (killed / "checkpoints" / "step_000010").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    train_until_killed(killed, common)
     done = [s for s, _ in list_checkpoints(killed)]
     assert done and max(done) < 150, "the run finished before it could be killed"
 
@@ -201,7 +191,7 @@ def nan_on_calls(bad: set[int]):
 
 
 def test_nonfinite_updates_are_skipped(data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(step_module, "label_smoothed_loss", nan_on_calls({3, 4}))
+    monkeypatch.setattr(seq2seq_module, "label_smoothed_loss", nan_on_calls({3, 4}))
     run = tmp_path / "r"
     s = train(small_cfg(), data, run, quiet(max_steps=6, eval_every=0, save_every=3))
     assert s["steps"] == 6 and s["skipped_updates"] == 2
@@ -215,7 +205,7 @@ def test_nonfinite_updates_are_skipped(data, tmp_path, monkeypatch, capsys):
 
 
 def test_a_persistently_nonfinite_loss_stops_the_run(data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(step_module, "label_smoothed_loss", nan_on_calls(set(range(5, 100))))
+    monkeypatch.setattr(seq2seq_module, "label_smoothed_loss", nan_on_calls(set(range(5, 100))))
     run = tmp_path / "r"
     args = ["train", "--data", str(data), "--out", str(run), "--preset", "base", "--set", *SMALL,
             "--max-steps", "50", "--save-every", "2", "--eval-every", "0", "--threads", "1",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn.config import load_config
+from aiayn.presets import load_config
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.dataset import ConcatArray, ParallelDataset

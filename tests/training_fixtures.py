@@ -53,6 +53,51 @@ def tiny_dataset(root: Path, n_train: int = 400, n_valid: int = 40, seed: int = 
     return out
 
 
+# Four tiny trees: a chart parser of width 32 learns them by heart in ~150 updates.
+TREES = [
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
+    "(S (NP (NNP John)) (VP (VBD ran)))",
+    "(SINV (S (VP (VB Go))) (, ,) (VP (VBD said)) (NP (PRP he)) (. .))",
+    "(NP (NN Hello))",
+]
+# As `--set` overrides of `parsing-chart-small`: a chart parser that trains in milliseconds.
+SMALL_CHART = ["d_model=32", "d_ff=64", "n_heads=4", "d_span=32", "p_drop=0", "p_word_drop=0",
+               "warmup_steps=20", "max_cells=400"]
+
+
+def tiny_treebank_corpus(root: Path, trees: list[str] = TREES, copies: int = 1) -> Path:
+    """A corpus as `aiayn treebank` writes it (SPLIT.words, SPLIT.gold) at root: `trees` (each
+    `copies` times) in train, the same trees in valid."""
+    from nltk.tree import Tree
+
+    root.mkdir(parents=True, exist_ok=True)
+    gold = [Tree.fromstring(t) for t in trees]
+    for split, n in (("train", copies), ("valid", 1)):
+        (root / f"{split}.words").write_text("".join(" ".join(t.leaves()) + "\n" for t in gold) * n)
+        (root / f"{split}.gold").write_text("".join(t.pformat(margin=1 << 30) + "\n" for t in gold) * n)
+    return root
+
+
+def train_until_killed(out: Path, args: list[str], step: int = 10) -> None:
+    """`aiayn train --out OUT ARGS` in a fresh process, killed with SIGKILL once the checkpoint of
+    `step` is written; asserts that it was killed before it finished."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "aiayn", "train", "--out", str(out), *args],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "checkpoints" / f"step_{step:06d}").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m aiayn ARGS` in a fresh process, from the repository root."""
     e = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}

@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from aiayn.errors import UserError
-    from aiayn.model.io import read_config
+    from aiayn.tasks import read_model_config
     from aiayn.training.average import average_checkpoints
     from aiayn.training.checkpoint import list_checkpoints
 
@@ -43,11 +43,11 @@ def main(args: argparse.Namespace) -> int:
         ckpts = [d for _, d in list_checkpoints(args.run)]
         if not ckpts:
             raise UserError(f"{args.run}: no checkpoints (expected {args.run}/checkpoints/step_*)")
-        n = args.last or read_config(ckpts[-1]).n_average
+        n = args.last or read_model_config(ckpts[-1]).n_average
         if n > len(ckpts):
             raise UserError(f"{args.run} has {len(ckpts)} checkpoint(s), fewer than the {n} to average; "
                             f"pass --last {len(ckpts)} or fewer")
         inputs = ckpts[-n:]
-    out = average_checkpoints(inputs, args.out, overwrite=args.overwrite)
+    out = average_checkpoints(inputs, args.out, overwrite=args.overwrite, read_config=read_model_config)
     print(f"averaged {len(inputs)} checkpoint(s) into {out}: " + ", ".join(p.name for p in inputs))
     return 0

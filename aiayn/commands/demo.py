@@ -9,8 +9,7 @@ from aiayn.training import PRECISIONS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/g2p-demo", help="work directory (default runs/g2p-demo)")
-    p.add_argument("--preset", default="g2p-v2",
-                   help="model preset (default g2p-v2: g2p with a learning-rate cooldown)")
+    p.add_argument("--preset", default="g2p-small", help="model preset (default g2p-small)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
     p.add_argument("--minutes", type=float, default=7.5,
                    help="training time budget in minutes (default 7.5: the whole demo stays "
@@ -34,11 +33,13 @@ def main(args: argparse.Namespace) -> int:
     import sys
 
     from aiayn.errors import UserError
+    from aiayn.presets import load_config
     from aiayn.recipes.g2p import format_results, run_g2p
 
     if args.minutes <= 0:
         raise UserError(f"--minutes must be > 0, got {args.minutes}")
-    results = run_g2p(args.out, preset=args.preset, minutes=args.minutes, overrides=args.set,
+    cfg = load_config(args.preset, overrides=args.set)
+    results = run_g2p(args.out, cfg, args.preset, args.set, minutes=args.minutes,
                       seed=args.seed, threads=args.threads, precision=args.precision, retrain=args.retrain,
                       max_train_words=args.max_train_words, n_valid=args.n_valid,
                       n_test=args.n_test, progress=not args.no_progress,

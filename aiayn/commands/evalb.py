@@ -30,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     from aiayn.data.corpus import read_lines
     from aiayn.parsing.evalb import COLLINS, evalb, format_report, read_params, retag_from_gold
@@ -39,6 +40,12 @@ def main(args: argparse.Namespace) -> int:
     if args.tags_from_gold:
         test = [retag_from_gold(t, g) for t, g in zip(test, gold)]
     res = evalb(gold, test, params)
+    bad = [n for n, sent in enumerate(res.sentences, 1) if sent.status == "error"]
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        print(f"aiayn evalb: warning: {len(bad)} of {len(test)} test trees could not be scored "
+              f"(unreadable, or over other words than the gold tree: {args.test} lines {shown}); "
+              f"EVALB counts them as error sentences, outside the bracket scores", file=sys.stderr)
     if args.json:
         print(json.dumps({"all": res.all.as_dict(), f"len<={res.cutoff_len}": res.short.as_dict()},
                          indent=2))

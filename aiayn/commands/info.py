@@ -23,20 +23,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.config import PRESETS, load_config
-    from aiayn.recipes import RECIPE_MODULES, recipe_presets
+    from aiayn.config import Config
     from aiayn.errors import UserError
     from aiayn.memory import allocator_in_use
     from aiayn.model.counting import count_parameters, flops_per_target_token
+    from aiayn.presets import load_config
 
     if args.list:
-        print("the paper's (aiayn/config.py): " + " ".join(PRESETS))
-        print(f"the recipes' (aiayn/recipes/{{{','.join(RECIPE_MODULES)}}}.py): "
-              + " ".join(recipe_presets()))
+        print(format_preset_list())
         return 0
     if args.vocab_size < 1:
         raise UserError(f"--vocab-size must be >= 1, got {args.vocab_size}")
     cfg = load_config(args.preset, args.config, args.set)
+    if not isinstance(cfg, Config):  # a task's own model: its sizes depend on its data
+        if args.json:
+            print(json.dumps({"preset": args.preset, "task": cfg.TASK, "config": cfg.to_dict()},
+                             indent=2))
+            return 0
+        print(f"preset {args.preset}  (a {cfg.TASK}; its parameters depend on the vocabularies "
+              f"of its corpus: aiayn train prints them)")
+        for k, v in cfg.to_dict().items():
+            print(f"  {k:<15} {v}")
+        return 0
     cfg = replace(cfg, vocab_size=args.vocab_size)
     n = count_parameters(cfg)
     flops = flops_per_target_token(cfg, args.seq_len, args.seq_len)
@@ -55,6 +63,23 @@ def main(args: argparse.Namespace) -> int:
           f"(6 x weights + attention at length {args.seq_len:g})")
     print(format_table2(info["table2"]))
     return 0
+
+
+def format_preset_list() -> str:
+    """The presets to use, a line each by task, then the paper's (aiayn/presets.py)."""
+    from aiayn.config import PRESETS
+    from aiayn.presets import CURRENT
+
+    lines = ["Presets by task (the first of each is the one to use; aiayn/recipes/):"]
+    width = max(len(n) for names in CURRENT.values() for n in names)
+    for task, names in CURRENT.items():
+        lines.append(f"  {task}")
+        lines += [f"    {name:<{width}}  {what}" for name, what in names.items()]
+    lines.append("The paper's (aiayn/config.py): base and big (§6.1), big-enfr (big's EN-FR "
+                 "dropout), parsing (§6.3), and Table 3's rows:")
+    rows = [n for n in PRESETS if n not in ("base", "big", "big-enfr", "parsing")]
+    lines.append("    " + " ".join(rows))
+    return "\n".join(lines)
 
 
 def table2(vocab_size: int, seq_len: float) -> dict[str, dict[str, float]]:

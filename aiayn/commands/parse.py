@@ -45,9 +45,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "spans adds --vote-weight to that span's score before CKY")
     p.add_argument("--vote-weight", type=float, default=1.0, metavar="W",
                    help="what each voted span adds to its label's log-probability gain (default 1)")
-    p.add_argument("--span-bonus", type=float, default=0.0, metavar="B",
-                   help="chart parsers only: added to every label's log-probability gain over "
-                        "'no constituent' (> 0: more brackets; default 0)")
     p.add_argument("--progress", action="store_true",
                    help="show a progress bar on stderr (default: when stderr is a terminal)")
     add_search_arguments(p)
@@ -60,18 +57,18 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.io import check_writable
     from aiayn.model.io import read_config
+    from aiayn.parsing.chart.files import is_chart_model
+    from aiayn.parsing.constrain import TreeVocabulary
     from aiayn.parsing.parse import parse_lines
-
-    from aiayn.parsing.chart import is_chart_model
 
     charts = [is_chart_model(m) for m in args.model]
     if any(charts):
         if not all(charts):
-            raise UserError("--model: chart parsers (aiayn train-chart) and sequence-to-sequence "
-                            "models cannot parse as one ensemble")
+            raise UserError("--model: chart parsers (--preset parsing-chart-small) and "
+                            "sequence-to-sequence models cannot parse as one ensemble")
         return _chart_main(args)
-    if args.votes or args.span_bonus:
-        raise UserError("--votes and --span-bonus need chart parsers (aiayn train-chart) as --model")
+    if args.votes:
+        raise UserError("--votes needs chart parsers (--preset parsing-chart-small) as --model")
     options = search_options(args)
     try:
         SearchOptions(**options).validate(read_config(args.model[0]))
@@ -85,9 +82,13 @@ def main(args: argparse.Namespace) -> int:
     device = torch_device(args.device)
     precision = decode_precision(args, device)
     lines = read_input(args.input)
+    models = load_models(args.model, device)  # an ensemble shares its tokenizers
+    if not bool((TreeVocabulary.from_tokenizer(models.tgt_tokenizer).open_label >= 0).any()):
+        raise UserError(f"{models.path}: not a parser: its target vocabulary has no tree brackets "
+                        f"(such as `(NP` and `)NP`); parsers train on the linearized trees of "
+                        f"aiayn treebank")
     try:
-        translator = Translator(load_models(args.model, device), precision=precision,
-                                max_src_tokens=args.max_src_tokens,
+        translator = Translator(models, precision=precision, max_src_tokens=args.max_src_tokens,
                                 warn=lambda m: print(f"aiayn parse: warning: {m}", file=sys.stderr),
                                 **options)
     except ValueError as e:
@@ -100,15 +101,28 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+# The options a chart parser reads; it refuses the others (search, precision, device).
+_CHART_OPTIONS = ("help", "model", "input", "output", "overwrite", "linearized", "votes",
+                  "vote_weight", "progress")
+
+
 def _chart_main(args: argparse.Namespace) -> int:
-    """`aiayn parse` with chart parsers (aiayn/parsing/chart.py): CKY over span scores, so every
+    """`aiayn parse` with chart parsers (aiayn/parsing/chart/): CKY over span scores, so every
     tree is well formed over exactly the input's words; the search options do not apply."""
     import time
 
     from aiayn.commands.translate import read_input
+    from aiayn.errors import UserError
     from aiayn.io import check_writable
-    from aiayn.parsing.chart import chart_parse, load_chart
+    from aiayn.parsing.chart.files import load_chart
+    from aiayn.parsing.chart.parse import chart_parse
 
+    given = [a.option_strings[0] for a in args._parser._actions if a.option_strings
+             and a.dest not in _CHART_OPTIONS and getattr(args, a.dest) != a.default]
+    if given:
+        flags = ", ".join(given)
+        raise UserError(f"{flags}: a chart parser finds its tree by CKY over span scores; the "
+                        f"search, precision and device options are for sequence-to-sequence parsers")
     for path in (args.output, args.linearized):
         if path is not None:
             check_writable(path, args.overwrite)
@@ -117,7 +131,7 @@ def _chart_main(args: argparse.Namespace) -> int:
     votes = _read_votes(args.votes, lines) if args.votes else None
     start = time.perf_counter()
     trees = chart_parse(models, lines, progress=args.progress or sys.stderr.isatty(), votes=votes,
-                        vote_weight=args.vote_weight, span_bonus=args.span_bonus)
+                        vote_weight=args.vote_weight)
     seconds = time.perf_counter() - start
     _write(args, trees, trees)  # a chart parser's output is the tree itself
     print(f"aiayn parse: {len(lines)} sentences in {seconds:.1f}s "

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from aiayn.config import load_config
+    from aiayn.presets import load_config
     from aiayn.errors import UserError
     from aiayn.recipes.table3_report import report
     from aiayn.recipes.table3_study import RunOptions, StudySettings, plan, run_study

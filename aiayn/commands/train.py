@@ -1,9 +1,11 @@
-"""`aiayn train`: train a Transformer on a dataset made by `aiayn prepare` (§5).
+"""`aiayn train`: train a model (§5): the Transformer on a dataset made by `aiayn prepare`, or
+the chart parser on a treebank corpus made by `aiayn treebank` (`--preset parsing-chart-small`).
 
 Examples:
-    aiayn train --data data/m30k --out runs/m30k --preset tiny --max-steps 3000 --eval-every 500
+    aiayn train --data data/m30k --out runs/m30k --preset translation-small --time-budget 60
     aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash
-    torchrun --nproc_per_node=2 -m aiayn train --data data/m30k --out runs/m30k --preset base
+    aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30
+    torchrun --nproc_per_node=2 -m aiayn train --data data/wmt --out runs/base --preset base
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from aiayn.training import PRECISIONS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n", 2)[2]
-    p.add_argument("--data", required=True, metavar="DATASET_DIR", help="a dataset made by aiayn prepare")
+    p.add_argument("--data", required=True, metavar="DATA_DIR",
+                   help="a dataset made by aiayn prepare, or (for the chart parser) a treebank "
+                        "corpus made by aiayn treebank")
     p.add_argument("--out", required=True, metavar="RUN_DIR",
                    help="run directory: checkpoints/, best/, last, metrics.jsonl, tb/")
     g = p.add_argument_group("model and recipe")
@@ -50,8 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation, checkpoints, logs")
     g.add_argument("--eval-every", type=int, default=1000, metavar="K",
                    help="dev loss/perplexity/BLEU every K updates (0: only at the end; default 1000)")
-    g.add_argument("--eval-bleu-sentences", type=int, default=200, metavar="N",
-                   help="greedy-decode the first N dev sentences for BLEU (0: none, -1: all; default 200)")
+    g.add_argument("--eval-bleu-sentences", type=int, metavar="N",
+                   help="translation: greedy-decode the first N dev sentences for BLEU (0: none, "
+                        "-1: all; default 200); the chart parser parses every dev sentence for "
+                        "its bracket F1")
     g.add_argument("--dev-split", help="dataset split to evaluate on (default: valid)")
     g.add_argument("--save-every", type=int, metavar="M", help="checkpoint every M updates")
     g.add_argument("--save-minutes", type=float, default=10.0, metavar="T",
@@ -69,21 +75,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.config import load_config
+    from aiayn.errors import UserError
+    from aiayn.presets import load_config
+    from aiayn.tasks import task_for_data
+    from aiayn.training.seq2seq import Seq2SeqTask
     from aiayn.training.trainer import TrainOptions, train
 
+    task = task_for_data(args.data, args.dev_split)
+    if args.eval_bleu_sentences is not None and not isinstance(task, Seq2SeqTask):
+        raise UserError("--eval-bleu-sentences is for translation; the chart parser's evaluation "
+                        "parses every dev sentence for its bracket F1")
     cfg = None  # on --resume without model options: the checkpoint's config
     if not (args.resume and args.preset is None and args.config is None and not args.set):
         cfg = load_config(args.preset, args.config, args.set)
     options = TrainOptions(
         max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget, eval_every=args.eval_every,
-        eval_bleu_sentences=args.eval_bleu_sentences, save_every=args.save_every,
+        eval_bleu_sentences=200 if args.eval_bleu_sentences is None else args.eval_bleu_sentences,
+        save_every=args.save_every,
         save_minutes=args.save_minutes, keep=args.keep, seed=args.seed, resume=args.resume,
         overwrite=args.overwrite, precision=args.precision, compile=args.compile, accum=args.accum,
         batch_tokens=args.batch_tokens, device=args.device, threads=args.threads,
         log_every=args.log_every, peak_tflops=args.peak_tflops, max_nonfinite=args.max_nonfinite,
         tensorboard=not args.no_tensorboard, progress=not args.no_progress, dev_split=args.dev_split)
-    summary = train(cfg, args.data, args.out, options)
+    summary = train(cfg, task, args.out, options)
     if args.json and summary:
         json.dump(summary, sys.stdout, indent=2, default=str)
         print()

@@ -38,9 +38,6 @@ class KVCache:
       src_mask: (B, S) bool              True at real source tokens (may attend)
       length: int                        target positions decoded so far (the next position)
       window: int | None                 restricted attention: slots kept (r + 1); None: all
-      pointer_memory: (B, S, d_model) | None   with `Config.pointer`: the projected encoder
-                                         output the decoder inputs read from, computed once
-      pointer: (B,) int64 | None         with `Config.pointer`: slot tokens fed so far per row
 
     `capacity` grows by doubling when full, so callers need not know the output length; with a
     window it stops at `window`, and then new positions overwrite the oldest.
@@ -53,8 +50,6 @@ class KVCache:
     src_mask: Tensor
     length: int = 0
     window: int | None = None
-    pointer_memory: Tensor | None = None
-    pointer: Tensor | None = None
     # The buffers `reorder` writes into next (same shapes as self_k/self_v, contents stale).
     _spare_k: Tensor | None = field(default=None, repr=False)
     _spare_v: Tensor | None = field(default=None, repr=False)
@@ -131,16 +126,12 @@ class KVCache:
 
         self.self_k, self._spare_k = select(self.self_k, self._spare_k)
         self.self_v, self._spare_v = select(self.self_v, self._spare_v)
-        if self.pointer is not None:  # target side: each row's own count
-            self.pointer = self.pointer.index_select(0, index)
         ci = source_rows(index, cross_index)
         if ci is None:
             return
         self.cross_k = self.cross_k.index_select(1, ci)
         self.cross_v = self.cross_v.index_select(1, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
-        if self.pointer_memory is not None:
-            self.pointer_memory = self.pointer_memory.index_select(0, ci)
 
     @classmethod
     def allocate(cls, n_layers: int, batch: int, n_heads: int, d_k: int, d_v: int,

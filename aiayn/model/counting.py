@@ -28,8 +28,7 @@ def matmul_weights_per_token(cfg: Config) -> dict[str, int]:
     ffn = 2 * d * cfg.d_ff
     return {
         "encoder": cfg.n_layers * (attn + ffn),
-        # with Config.pointer, one more d x d projection per decoder input
-        "decoder": cfg.n_layers * (2 * attn + ffn) + (d * d if cfg.pointer else 0),
+        "decoder": cfg.n_layers * (2 * attn + ffn),
         "output": d * cfg.tgt_vocab,
     }
 

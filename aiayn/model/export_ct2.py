@@ -18,9 +18,9 @@ and saved. What maps one to one:
   their positions; CTranslate2 starts decoding with our BOS, stops on our EOS, and appends EOS
   to each source itself (`add_source_eos`), as our batches do.
 
-Refused with a `UserError` naming the option: `arch` other than the Transformer, `attn_window` (CTranslate2 has no two-sided window
-for the encoder), `pointer` (nothing in its decoder reads the encoder output at an input) and
-d_k != d_v (it has one head size for queries, keys and values).
+Refused with a `UserError` naming the option: `arch` other than the Transformer, `attn_window`
+(CTranslate2 has no two-sided window for the encoder) and d_k != d_v (it has one head size for
+queries, keys and values).
 
 Two behaviours stay with the caller: aiayn's searches never emit PAD or BOS, so pass
 `suppress_sequences=[["<pad>"], ["<s>"]]` (our piece names) to `translate_batch` for identical
@@ -60,9 +60,6 @@ def check_exportable(cfg: Config) -> None:
     if cfg.attn_window is not None:
         raise UserError(f"cannot export attn_window={cfg.attn_window} to CTranslate2: it has no "
                         "restricted (windowed) self-attention for the encoder")
-    if cfg.pointer:
-        raise UserError("cannot export pointer=true to CTranslate2: its decoder inputs have no "
-                        "place for the encoder output the pointer adds")
     if cfg.head_dim_k != cfg.head_dim_v:
         raise UserError(f"cannot export d_k={cfg.head_dim_k} with d_v={cfg.head_dim_v} to "
                         "CTranslate2: it uses one head size for queries, keys and values")
@@ -174,18 +171,32 @@ def check_quantization(quantization: str | None) -> None:
                         f"{', '.join(ACCEPTED_MODEL_TYPES)}")
 
 
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """Refuse an existing `out` without `overwrite`, and always one that is not a CTranslate2
+    model directory (what this command writes): a user's own directory is never replaced."""
+    from aiayn.io import check_writable
+
+    check_writable(out, overwrite)
+    if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
+                                     and (out / "model.bin").is_file()):
+        raise UserError(f"{out} exists and is not a CTranslate2 model directory; refusing to "
+                        f"replace it (choose another output directory)")
+
+
 def save_spec(spec: Any, out_dir: str | os.PathLike, quantization: str | None = None,
               overwrite: bool = False, files: Sequence[Path] = ()) -> Path:
-    """Quantize (optional) and write `spec` to `out_dir` atomically, with `files` copied beside."""
-    from aiayn.io import check_writable, write_dir_atomically
+    """Quantize (optional) and write `spec` to `out_dir` atomically, with `files` copied beside;
+    the output is locked while it is written (a second export into it is refused)."""
+    from aiayn.io import exclusive_lock, write_dir_atomically
 
     check_quantization(quantization)
-    check_writable(out_dir, overwrite)
-    for f in files:
-        spec.register_file(str(f))  # copied by spec.save
-    spec.validate()  # again: wraps any array set since build_spec, as optimize expects
-    spec.optimize(quantization=quantization)  # also stores tied/shared matrices once
-    return write_dir_atomically(out_dir, lambda tmp: spec.save(str(tmp)))
+    with exclusive_lock(out_dir, "aiayn export", "wait for it to finish, or choose another output"):
+        check_replaceable(Path(out_dir), overwrite)
+        for f in files:
+            spec.register_file(str(f))  # copied by spec.save
+        spec.validate()  # again: wraps any array set since build_spec, as optimize expects
+        spec.optimize(quantization=quantization)  # also stores tied/shared matrices once
+        return write_dir_atomically(out_dir, lambda tmp: spec.save(str(tmp)))
 
 
 def export_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -194,15 +205,14 @@ def export_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """Convert an aiayn model directory into a CTranslate2 model directory (model.bin,
     config.json, vocabularies) holding also the sentencepiece model(s), to tokenize with."""
     require_ctranslate2()
-    from aiayn.io import check_writable
     from aiayn.model.io import load_model, read_config, tokenizer_files
 
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     check_quantization(quantization)
-    check_writable(out, overwrite)
     if out.exists() and out.resolve() == src.resolve():
         raise UserError(f"{out} is the model directory itself; choose another output directory")
+    check_replaceable(out, overwrite)
     if max_positions is not None and max_positions < 2:
         raise UserError(f"--max-positions must be >= 2, got {max_positions}")
     loaded = load_model(src)

@@ -3,10 +3,6 @@ decoding through an explicit `KVCache`.
 
 Batches are right-padded: real tokens first, PAD after. The decoder's causal mask then also hides
 every padded key from every real query, so decoder self-attention needs no padding mask.
-
-With `Config.pointer` (not in the paper) each decoder input also reads the encoder output at the
-source position of the next slot (`pointer_positions`): the target writes one slot token per
-source token in order, and the slots already written say which source token comes next.
 """
 
 from __future__ import annotations
@@ -53,11 +49,6 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"
         self.enc_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else None
         self.dec_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if pre else None
-        self.pointer_proj = nn.Linear(d, d, bias=False) if cfg.pointer else None
-        if cfg.pointer:
-            # Which target ids are slots: saved with the weights, so a loaded model has it; the
-            # trainer fills it from the target vocabulary (`set_pointer_slots`).
-            self.register_buffer("pointer_slots", torch.zeros(cfg.tgt_vocab, dtype=torch.bool))
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -79,45 +70,16 @@ class Transformer(nn.Module):
             else:
                 nn.init.xavier_uniform_(p)
 
-    def set_pointer_slots(self, slots: Tensor) -> None:
-        """slots: (V_tgt,) bool, True at the target tokens that stand for the next source token."""
-        if self.pointer_proj is None:
-            raise ValueError("set_pointer_slots needs a model built with Config.pointer")
-        if slots.shape != self.pointer_slots.shape or not bool(slots.any()):
-            raise ValueError(f"pointer slots: expected a {tuple(self.pointer_slots.shape)} mask "
-                             f"with at least one slot, got {tuple(slots.shape)}")
-        self.pointer_slots.copy_(slots)
-
     # --- embeddings ------------------------------------------------------------------------
     @property
     def target_embedding(self) -> ScaledEmbedding:
         return self.tgt_embed if self.tgt_embed is not None else self.src_embed
 
-    def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0,
-               extra: Tensor | None = None) -> Tensor:
-        """Scaled embeddings plus positions (plus `extra`, (B, T, d_model), the pointer's input),
-        then dropout P_drop (§3.4, §3.5, §5.4)."""
+    def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> Tensor:
+        """Scaled embeddings plus positions, then dropout P_drop (§3.4, §3.5, §5.4)."""
         x = embed(ids)  # (B, T, d_model)
         x = x + pos(ids.size(1), offset).to(x.dtype)  # x's dtype: an int8 embedding has no weight
-        if extra is not None:
-            x = x + extra.to(x.dtype)
         return dropout(x, self.cfg.p_drop, self.training)
-
-    def pointer_positions(self, tgt_in: Tensor, src_mask: Tensor) -> Tensor:
-        """(B, T) target inputs, (B, S) source mask -> (B, T): the source position each input
-        points at, the number of slot tokens among the inputs so far (BOS is none), capped at the
-        source's last token (EOS, once every slot is written)."""
-        written = self.pointer_slots[tgt_in].long().cumsum(dim=1)  # (B, T)
-        last = src_mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
-        return torch.minimum(written, last)
-
-    def _pointer_input(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor | None:
-        """The pointer's addition to the decoder inputs, (B, T, d_model); None without pointer."""
-        if self.pointer_proj is None:
-            return None
-        at = self.pointer_positions(tgt_in, src_mask)  # (B, T)
-        picked = memory.gather(1, at[:, :, None].expand(-1, -1, memory.size(2)))  # (B, T, d_model)
-        return self.pointer_proj(picked)
 
     def logits(self, y: Tensor) -> Tensor:
         """Pre-softmax projection (§3.4): (B, T, d_model) -> (B, T, V_tgt)."""
@@ -158,8 +120,7 @@ class Transformer(nn.Module):
         [, {"self": [...], "cross": [...]} attention weights per layer]."""
         self_mask = self._decoder_self_mask()
         cross_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = self._embed(tgt_in, self.target_embedding, self.tgt_pos,
-                        extra=self._pointer_input(tgt_in, memory, src_mask))
+        y = self._embed(tgt_in, self.target_embedding, self.tgt_pos)
         ws, wc = [], []
         for layer in self.decoder:
             y, w_self, w_cross = layer(y, memory, self_mask, cross_mask, need_weights=return_attention)
@@ -193,9 +154,6 @@ class Transformer(nn.Module):
             cfg.n_layers, memory.size(0), cfg.n_heads, cfg.head_dim_k, cfg.head_dim_v,
             cross_k=torch.stack(ks), cross_v=torch.stack(vs),  # (L, B, h, S, d_k), (L, B, h, S, d_v)
             src_mask=src_mask, capacity=capacity, window=window)
-        if self.pointer_proj is not None:  # projected once; each step picks one row per batch row
-            cache.pointer_memory = self.pointer_proj(memory)  # (B, S, d_model)
-            cache.pointer = torch.zeros(memory.size(0), dtype=torch.long, device=memory.device)
         return cache
 
     def decode_step(self, tokens: Tensor, cache: KVCache, return_attention: bool = False):
@@ -207,13 +165,7 @@ class Transformer(nn.Module):
         entries cover only the window the cache holds, in the cache's order."""
         t = cache.length
         cache.ensure_capacity(t + 1)
-        extra = None
-        if self.pointer_proj is not None:  # as `pointer_positions`, one input at a time
-            cache.pointer = cache.pointer + self.pointer_slots[tokens[:, 0]].long()  # (B,)
-            at = torch.minimum(cache.pointer, cache.src_mask.sum(dim=1) - 1)  # (B,)
-            rows = torch.arange(at.numel(), device=at.device)
-            extra = cache.pointer_memory[rows, at][:, None]  # (B, 1, d_model)
-        y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=t, extra=extra)
+        y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=t)
         ws, wc = [], []
         for i, layer in enumerate(self.decoder):
             # a windowed cache holds exactly the window: no mask

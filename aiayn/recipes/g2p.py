@@ -18,22 +18,17 @@ from typing import Callable
 
 from dataclasses import replace
 
-from aiayn.config import BASE, load_config
+from aiayn.config import BASE, Config
 from aiayn.io import atomic_write, read_json
 
-# The demo's model: 3+3 layers of width 128, chosen by 3-minute runs scored on the validation
-# words (docs/experiments/g2p.md): at this budget d_model 128 beats 256 (more epochs) and p_drop
-# 0.1 beats 0.0. A pronunciation is rarely more than a few symbols longer than its spelling, so
-# outputs stop at +10, not +50.
-G2P = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400, max_tokens=4000,
-              max_len_b=10)
+# The demo's model: 3+3 layers of width 128, the rate falling linearly to 0 over the run's last
+# 20%, chosen by runs scored on the validation words (docs/experiments/g2p.md): at a few minutes'
+# budget d_model 128 beats 256 (more epochs) and p_drop 0.1 beats 0.0. A pronunciation is rarely
+# more than a few symbols longer than its spelling, so outputs stop at +10, not +50.
+G2P_SMALL = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
+                    max_tokens=4000, max_len_b=10, lr_cooldown=0.2)
 
-PRESETS = {
-    "g2p": G2P,
-    # The demo's default and the 30-minute recipe: the rate falls linearly to 0 over the run's last
-    # 20% (chosen on the validation words).
-    "g2p-v2": replace(G2P, lr_cooldown=0.2),
-}
+PRESETS = {"g2p-small": G2P_SMALL}
 
 # Words not in CMUdict, to show the model generalising.
 NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
@@ -68,13 +63,13 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
             "novel": dict(zip(NOVEL_WORDS, tr.translate(NOVEL_WORDS)))}
 
 
-def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
-            overrides: list[str] | None = None, seed: int = 1, threads: int | None = None,
-            precision: str = "auto",
-            retrain: bool = False, max_train_words: int | None = None, n_valid: int = 2000,
-            n_test: int = 6000, progress: bool = True,
-            log: Callable[[str], None] = print) -> dict:
-    """The whole demo; returns the results (also written to OUT/results.json)."""
+def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL, preset: str = "g2p-small",
+            overrides: list[str] | None = None, minutes: float = 7.5, seed: int = 1,
+            threads: int | None = None, precision: str = "auto", retrain: bool = False,
+            max_train_words: int | None = None, n_valid: int = 2000, n_test: int = 6000,
+            progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """The whole demo, training `cfg` (named `preset` with `overrides` in the logs and results);
+    returns the results (also written to OUT/results.json)."""
     from aiayn.data.corpus import ParallelSource
     from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
     from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
@@ -99,7 +94,6 @@ def run_g2p(out_dir: str | Path, preset: str = "g2p-v2", minutes: float = 7.5,
 
     if retrain or not (model / "config.json").exists():
         resume = (run / "last").exists() and not retrain
-        cfg = load_config(preset, overrides=overrides)
         log(f"{'resuming' if resume else 'training'} preset {preset} for up to {minutes:g} minutes")
         # A checkpoint every 1/30 of the budget, so the n_average (5) averaged at the end span its
         # last sixth. Measured on the validation words of the 30-minute run (docs/experiments/g2p.md): averaging

@@ -4,13 +4,13 @@ checkpoints (written at 10-minute intervals), the big model the last 20.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from aiayn.config import Config
 from aiayn.errors import UserError
 
 class RunningMean:
@@ -58,7 +58,7 @@ def average_state_dicts(states: Iterable[dict[str, torch.Tensor]]) -> dict[str, 
     return acc.result()
 
 
-def check_same_architecture(configs: Sequence[Config], names: Sequence[str]) -> None:
+def check_same_architecture(configs: Sequence[Any], names: Sequence[str]) -> None:
     """Refuse (one line) when any architecture field differs from the first config's."""
     for cfg, name in zip(configs[1:], names[1:]):
         changes = configs[0].architecture_changes(cfg)
@@ -66,15 +66,27 @@ def check_same_architecture(configs: Sequence[Config], names: Sequence[str]) -> 
             raise UserError(f"{name} has a different architecture from {names[0]}: {changes[0]}")
 
 
-def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathLike,
-                        overwrite: bool = False) -> Path:
-    """Average the model directories `inputs` into a new model directory `out`: averaged weights,
-    with the config, tokenizer and meta of the last input (the newest, as `checkpoints_of_run`
-    orders them). No trainer state: the result is for translating, not for resuming. A second
-    average into the same `out` meanwhile is refused (`aiayn.io.exclusive_lock`)."""
-    from aiayn.io import check_writable, exclusive_lock, write_dir_atomically
-    from aiayn.model.io import fill_model_dir, read_config, read_meta, read_weights, tokenizer_files
+# Files of a model directory that are not copied from the newest input as they are.
+_NOT_COPIED = ("model.safetensors", "meta.json", "trainer_state.pt")
 
+
+def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathLike,
+                        overwrite: bool = False,
+                        read_config: Callable[[Path], Any] | None = None) -> Path:
+    """Average the model directories `inputs` into a new model directory `out`: averaged weights,
+    and every other file (config, tokenizers or vocabularies) of the last input (the newest, as
+    `checkpoints_of_run` orders them), which must equal the others' but for the config's recipe
+    fields. No trainer state: the result is for translating, not for resuming. `read_config`
+    reads a directory's config (default: a sequence-to-sequence `Config`; aiayn/tasks.py reads
+    any task's). A second average into the same `out` meanwhile is refused
+    (`aiayn.io.exclusive_lock`)."""
+    import shutil
+
+    from aiayn.io import check_writable, exclusive_lock, write_dir_atomically
+    from aiayn.model.io import WEIGHTS_FILE, read_meta, read_weights
+    from aiayn.model.io import read_config as read_seq2seq_config
+
+    read_config = read_config or read_seq2seq_config
     paths = [Path(p) for p in inputs]
     if not paths:
         raise UserError("nothing to average: no checkpoints given")
@@ -86,11 +98,11 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
             raise UserError(f"{out} is one of the inputs; choose another --out")
         configs = [read_config(p) for p in paths]
         check_same_architecture(configs, [str(p) for p in paths])
-        toks = [tokenizer_files(p) for p in paths]
-        last_toks = {n: f.read_bytes() for n, f in toks[-1].items()}
-        for p, t in zip(paths, toks):
-            if {n: f.read_bytes() for n, f in t.items()} != last_toks:
-                raise UserError(f"{p} has a different tokenizer from {paths[-1]}; they are not from one run")
+        files = [_vocabulary_files(p) for p in paths]
+        for p, f in zip(paths, files):
+            if f != files[-1]:
+                raise UserError(f"{p} has a different tokenizer or vocabulary from {paths[-1]}; "
+                                f"they are not from one run")
         acc = RunningMean()
         for p in paths:
             acc.add(read_weights(p), str(p))
@@ -98,5 +110,27 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
         meta = read_meta(paths[-1])
         meta.pop("trainer", None)
         meta["averaged_from"] = [str(p) for p in paths]
-        write_dir_atomically(out, lambda tmp: fill_model_dir(tmp, avg, configs[-1], toks[-1], meta))
+
+        def fill(tmp: Path) -> None:
+            from safetensors.torch import save_file
+
+            for f in _model_files(paths[-1]):
+                if f.name not in _NOT_COPIED:
+                    shutil.copyfile(f, tmp / f.name)
+            save_file({k: v.contiguous() for k, v in avg.items()}, str(tmp / WEIGHTS_FILE))
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n",
+                                          encoding="utf-8")
+
+        write_dir_atomically(out, fill)
     return out
+
+
+def _model_files(model_dir: Path) -> list[Path]:
+    return [f for f in sorted(model_dir.iterdir()) if f.is_file() and not f.name.startswith(".")]
+
+
+def _vocabulary_files(model_dir: Path) -> dict[str, bytes]:
+    """The files that say what a model's ids mean (all but config, weights, meta, trainer state),
+    by name."""
+    return {f.name: f.read_bytes() for f in _model_files(model_dir)
+            if f.name not in (*_NOT_COPIED, "config.json")}

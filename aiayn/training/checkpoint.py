@@ -30,17 +30,18 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from aiayn import io
-from aiayn.config import Config
 from aiayn.errors import UserError
 from aiayn.io import fsync_dir
 
 CHECKPOINTS, BEST, LAST, TRAINER_STATE = "checkpoints", "best", "last", "trainer_state.pt"
+# `write(directory, weights)`: a model directory's files (the task's, aiayn/training/task.py)
+ModelWriter = Callable[[Path, dict[str, torch.Tensor]], None]
 STATE_FORMAT, STATE_VERSION = "aiayn-trainer-state", 2
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -149,19 +150,18 @@ def save_torch(obj: Any, path: Path) -> None:
             raise
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, torch.Tensor],
-                    cfg: Config, tokenizers: dict[str, Path], meta: dict,
-                    trainer_state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint `step` atomically, repoint `last`, prune to the newest `keep`, and drop
+                    write_model: ModelWriter, trainer_state: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint `step` atomically (the model files by `write_model(directory, weights)`,
+    the task's, then the trainer state), repoint `last`, prune to the newest `keep`, and drop
     trainer state from all but the newest. Refuses non-finite weights (a diverged run must not
     replace good checkpoints)."""
     from aiayn.io import write_dir_atomically
-    from aiayn.model.io import fill_model_dir
 
     if not all_finite(weights):
         raise UserError(f"parameters are not finite at step {step}; not writing a checkpoint")
 
     def fill(tmp: Path) -> None:
-        fill_model_dir(tmp, weights, cfg, tokenizers, meta)
+        write_model(tmp, weights)
         save_torch(trainer_state, tmp / TRAINER_STATE)
 
     path = write_dir_atomically(step_dir(run_dir, step), fill)
@@ -169,16 +169,14 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, to
     prune(run_dir, keep)
     return path
 
-def save_best(run_dir: str | os.PathLike, weights: dict[str, torch.Tensor], cfg: Config,
-              tokenizers: dict[str, Path], meta: dict) -> Path:
+def save_best(run_dir: str | os.PathLike, weights: dict[str, torch.Tensor],
+              write_model: ModelWriter) -> Path:
     """RUN_DIR/best: a plain model directory (no trainer state)."""
     from aiayn.io import write_dir_atomically
-    from aiayn.model.io import fill_model_dir
 
     if not all_finite(weights):
         raise UserError("parameters are not finite; not writing the best model")
-    return write_dir_atomically(Path(run_dir) / BEST,
-                                lambda tmp: fill_model_dir(tmp, weights, cfg, tokenizers, meta))
+    return write_dir_atomically(Path(run_dir) / BEST, lambda tmp: write_model(tmp, weights))
 
 def point_last(run_dir: str | os.PathLike, target: Path) -> None:
     """Atomically (re)point the RUN_DIR/last symlink at `target` (relative, so runs can move).
@@ -226,7 +224,7 @@ def resume_point(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     return None
 
 
-def reconcile(saved: Config, wanted: Config | None, where: Path) -> tuple[Config, list[str]]:
+def reconcile(saved: Any, wanted: Any | None, where: Path) -> tuple[Any, list[str]]:
     """On resume: the checkpoint's config with the caller's changes to recipe fields applied (a
     larger max_steps, say), and those changes as 'name: old -> new'. Architecture changes are
     refused: the saved weights would not fit."""

@@ -114,18 +114,6 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float, pad_id: int 
     return LossSums(smoothed, nll, keep.sum())
 
 
-def symmetric_kl(logits_a: Tensor, logits_b: Tensor, target: Tensor, pad_id: int = PAD_ID
-                 ) -> Tensor:
-    """R-Drop's regulariser: (KL(p_a || p_b) + KL(p_b || p_a)) / 2 between the distributions of
-    two passes over one batch, summed over the non-padding target positions, in float32.
-    logits: (B, T, V) or (N, V) each; target: (B, T) or (N,). Uses KL(p || q) + KL(q || p) =
-    sum_k (p_k - q_k)(log p_k - log q_k); gradients flow into both passes."""
-    lp_a = torch.log_softmax(logits_a.reshape(-1, logits_a.size(-1)).float(), dim=-1)  # (N, V)
-    lp_b = torch.log_softmax(logits_b.reshape(-1, logits_b.size(-1)).float(), dim=-1)  # (N, V)
-    per_row = ((lp_a.exp() - lp_b.exp()) * (lp_a - lp_b)).sum(dim=-1) / 2  # (N,)
-    return per_row.masked_fill(target.reshape(-1) == pad_id, 0.0).sum()
-
-
 def label_smoothed_mean(logits: Tensor, target: Tensor, eps: float, pad_id: int = PAD_ID
                         ) -> tuple[Tensor, Tensor]:
     """(smoothed, nll) each averaged per non-padding target token; a convenience for one batch.

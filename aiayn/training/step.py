@@ -13,17 +13,18 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from aiayn.config import Config
 from aiayn.special import PAD_ID
 from aiayn.training.distributed import DistEnv, all_reduce
-from aiayn.training.loss import LossSums, label_smoothed_loss, symmetric_kl
+from aiayn.training.loss import LossSums
 from aiayn.training.precision import Precision
 from aiayn.training.schedule import lr_at, set_lr
+from aiayn.training.seq2seq import seq2seq_loss
 
 
 @dataclass
@@ -65,32 +66,18 @@ def clip_to_norm(params: Sequence[nn.Parameter], max_norm: float, total: torch.T
 
 
 class Updater:
-    """Runs updates of `model` (a Transformer, compiled or not, or DDP around one) with
-    `optimizer`."""
+    """Runs updates of `model` (compiled or not, or DDP around it) with `optimizer`. `loss(model,
+    micro_batch) -> LossSums` is the task's (aiayn/training/task.py); by default the label-smoothed
+    loss (§5.4) of a sequence-to-sequence model on a `Batch` of aiayn.data.batching."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config,
-                 precision: Precision, env: DistEnv):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Any,
+                 precision: Precision, env: DistEnv,
+                 loss: Callable[[nn.Module, Any], LossSums] | None = None):
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.precision, self.env = precision, env
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self.is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-
-    def _losses(self, b: Any) -> LossSums:
-        """The micro-batch's summed training loss and NLL: label-smoothed (§5.4), or with
-        `Config.rdrop_alpha` R-Drop's two passes (the batch twice, in one forward)."""
-        alpha = self.cfg.rdrop_alpha
-        with self.precision.autocast():
-            if alpha > 0:
-                logits = self.model(torch.cat([b.src, b.src]), torch.cat([b.tgt_in, b.tgt_in]))
-            else:
-                logits = self.model(b.src, b.tgt_in)  # (B, T, V)
-        eps = self.cfg.eps_ls
-        if alpha <= 0:
-            return label_smoothed_loss(logits, b.tgt_out, eps)
-        la, lb = logits.chunk(2)  # (B, T, V) each, different dropout masks
-        a, c = label_smoothed_loss(la, b.tgt_out, eps), label_smoothed_loss(lb, b.tgt_out, eps)
-        kl = symmetric_kl(la, lb, b.tgt_out)
-        return LossSums((a.smoothed + c.smoothed) / 2 + alpha * kl, (a.nll + c.nll) / 2, a.n_tokens)
+        self.loss = loss or partial(seq2seq_loss, cfg=cfg, autocast=precision.autocast)
 
     def update(self, micro_batches: Sequence[Any], step: int, lr_factor: float = 1.0) -> UpdateResult:
         """Forward/backward every micro-batch of this rank, then one optimizer step at schedule
@@ -111,7 +98,7 @@ class Updater:
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if (last or not self.is_ddp) else self.model.no_sync()
             with sync:
-                out = self._losses(b)
+                out = self.loss(self.model, b)
                 loss = out.smoothed * scale
                 if prec.scaler is not None:
                     loss = prec.scaler.scale(loss)

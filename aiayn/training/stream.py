@@ -5,7 +5,7 @@ token budget splits into micro-batches."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,14 +28,13 @@ class BatchStream:
     """Endless micro-batches from the sampler, crossing epoch boundaries; `None` once `max_epochs`
     epochs are done. The sampler's state at an update boundary is the resume position."""
 
-    def __init__(self, sampler: Any, dataset: Any, device: torch.device, max_epochs: int | None):
-        self.sampler, self.dataset, self.device, self.max_epochs = sampler, dataset, device, max_epochs
-        self.pad_multiple = getattr(sampler, "pad_multiple", 1)
+    def __init__(self, sampler: Any, collate: Callable[[Any], Any], device: torch.device,
+                 max_epochs: int | None):
+        """`collate(indices)` makes a batch's tensors from the sampler's indices."""
+        self.sampler, self.collate, self.device, self.max_epochs = sampler, collate, device, max_epochs
         self._it = None
 
     def next(self):
-        from aiayn.data.batching import collate
-
         while True:
             if self._it is None:
                 s = self.sampler
@@ -45,7 +44,7 @@ class BatchStream:
                 self._it = iter(s)
             idx = next(self._it, None)
             if idx is not None:
-                return collate(self.dataset, idx, self.pad_multiple).to(self.device)
+                return self.collate(idx).to(self.device)
             self._it = None  # the epoch is over: the next iter() starts the next one
 
     @property

@@ -1,9 +1,11 @@
-"""`train(cfg, data_dir, out_dir, options) -> summary`: the training loop of §5 on a prepared
-dataset, single-process or under torchrun (DDP), resumable bit for bit from its checkpoints.
+"""`train(cfg, data, out_dir, options) -> summary`: the training loop of §5, single-process or
+under torchrun (DDP), resumable bit for bit from its checkpoints. `data` is a dataset directory
+made by `aiayn prepare` (the sequence-to-sequence task, aiayn/training/seq2seq.py) or a `Task`
+(aiayn/training/task.py: what the trainer trains, on which data).
 
 Batch size: `Config.max_tokens` is the size of one *update* in tokens per side (§5.1: about 25,000
 source and 25,000 target tokens), summed over gradient-accumulation micro-batches and ranks
-(`stream.batch_plan`).
+(`stream.batch_plan`); a task sizes its updates in its own units (`Task.update_size`).
 
 Stopping: after `cfg.max_steps` updates (`--max-steps` sets it), or after `max_epochs` passes over
 the data, or after `time_budget` minutes, whichever comes first; when an epoch limit or a time
@@ -33,7 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.config import Config
 from aiayn.errors import OutputError, UserError
 from aiayn.io import atomic_write, exclusive_lock
 from aiayn.training import checkpoint as ckpt
@@ -42,8 +43,10 @@ from aiayn.training.logs import LogWindow, RunLog, RunProgress, build_summary, f
 from aiayn.training.options import TrainOptions
 from aiayn.training.precision import Precision
 from aiayn.training.schedule import build_optimizer, cooldown_factor
+from aiayn.training.seq2seq import Seq2SeqTask
 from aiayn.training.step import Updater, UpdateResult
 from aiayn.training.stream import BatchStream, batch_plan
+from aiayn.training.task import Task
 
 
 # The clock of time budgets and checkpoint intervals (tests replace it with a fake one, so that a
@@ -59,23 +62,19 @@ class Trainer:
     """One training run: `Trainer(...)` sets everything up (a fresh run or a resumed one), `run()`
     trains until a limit and returns the summary. See the module docstring."""
 
-    def __init__(self, cfg: Config | None, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
+    def __init__(self, cfg: Any | None, task: Task, out_dir: str | os.PathLike,
                  options: TrainOptions, env: dist_.DistEnv):
-        from aiayn.data.batching import TokenBatchSampler
-        from aiayn.data.dataset import load_dataset_dir
-        from aiayn.model.io import tokenizer_files
-
         options.check()
-        self.options, self.env = options, env
+        self.options, self.env, self.task = options, env, task
         self.run_dir = Path(out_dir)
         if options.threads:
             torch.set_num_threads(options.threads)
-        self.data = load_dataset_dir(data_dir)
-        self.tokenizers = tokenizer_files(self.data.directory)
 
         # a new run, or the continuation of the one in run_dir
         self.resume_from = ckpt.resume_point(self.run_dir, options.resume, options.overwrite)
         state = ckpt.load_trainer_state(self.resume_from) if self.resume_from else None
+        if self.resume_from is not None:
+            task.check_checkpoint(self.resume_from)
         self.cfg, self.config_changes = self._config(cfg)
         saved_run = state["run"] if state else {}
         self.seed: int = options.seed if options.seed is not None else saved_run.get("seed", 1)
@@ -85,16 +84,12 @@ class Trainer:
             self._clear_earlier_run()
 
         # data: the batch layout carries over on resume unless given again
-        self.train_set = self.data.split("train")
-        self.dev_set = self._dev_split()
         if state is not None and options.accum is None and options.batch_tokens is None:
             self.batch_tokens, self.accum = saved_run["batch_tokens"], saved_run["accum"]
         else:
-            self.batch_tokens, self.accum = batch_plan(self.cfg.max_tokens, env.world_size,
+            self.batch_tokens, self.accum = batch_plan(task.update_size(self.cfg), env.world_size,
                                                        options.accum, options.batch_tokens)
-        self.sampler = TokenBatchSampler(
-            self.train_set.src_lengths, self.train_set.tgt_lengths, self.batch_tokens, seed=self.seed,
-            rank=env.rank, world_size=env.world_size, pad_multiple=self.cfg.pad_multiple)
+        self.sampler = task.sampler(self.cfg, self.batch_tokens, self.seed, env.rank, env.world_size)
 
         # model, optimizer, precision; then the saved state over them
         self.model = self._initial_model()
@@ -114,7 +109,8 @@ class Trainer:
             self.step_model = torch.compile(self.step_model, dynamic=True)
         if env.distributed:
             self.step_model = dist_.wrap_ddp(self.step_model, env)
-        self.updater = Updater(self.step_model, self.optimizer, self.cfg, self.precision, env)
+        self.updater = Updater(self.step_model, self.optimizer, self.cfg, self.precision, env,
+                               partial(task.loss, cfg=self.cfg, autocast=self.precision.autocast))
 
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,18 +121,16 @@ class Trainer:
 
     # --- set-up ------------------------------------------------------------------------------
 
-    def _config(self, cfg: Config | None) -> tuple[Config, list[str]]:
-        """The run's config: the caller's (vocabulary sizes from the dataset, --max-steps applied),
+    def _config(self, cfg: Any | None) -> tuple[Any, list[str]]:
+        """The run's config: the caller's (what the data decides filled in, --max-steps applied),
         reconciled with the checkpoint's on resume."""
-        from aiayn.model.io import read_config
-
         max_steps = self.options.max_steps
-        wanted = self.data.model_config(cfg) if cfg is not None else None
+        wanted = self.task.config(cfg) if cfg is not None else None
         if self.resume_from is None:
             if wanted is None:
                 raise UserError(f"{self.run_dir} has no checkpoint to resume; give a --preset or --config")
             return (replace(wanted, max_steps=max_steps) if max_steps else wanted), []
-        saved = read_config(self.resume_from)
+        saved = self.task.read_config(self.resume_from)
         if max_steps is not None:
             wanted = replace(wanted or saved, max_steps=max_steps)
         return ckpt.reconcile(saved, wanted, self.resume_from)
@@ -155,41 +149,14 @@ class Trainer:
             ckpt.clear_run(self.run_dir)
         dist_.barrier(self.env)
 
-    def _dev_split(self) -> Any:
-        splits = [s for s in self.data.splits if s != "train"]
-        name = self.options.dev_split
-        if name is None:
-            name = "valid" if "valid" in splits else (splits[0] if splits else None)
-        return None if name is None else self.data.split(name)
-
     def _initial_model(self) -> torch.nn.Module:
         """Seeded weights, identical on every rank; then the rank's own dropout stream."""
-        from aiayn.model.build import build_model
-
         random.seed(self.seed)
         np.random.seed(self.seed % 2**32)
         torch.manual_seed(self.seed)
-        model = build_model(self.cfg).to(self.env.device)
-        if self.cfg.pointer:
-            model.set_pointer_slots(self._pointer_slots().to(self.env.device))
+        model = self.task.build_model(self.cfg).to(self.env.device)
         torch.manual_seed(dist_.rank_seed(self.seed, self.env.rank))
         return model
-
-    def _pointer_slots(self) -> torch.Tensor:
-        """`Config.pointer`'s slot tokens: the word slots of a target vocabulary of linearized
-        trees, over a source read one token per word (a UserError, one line, otherwise)."""
-        from aiayn.parsing.constrain import TreeVocabulary
-
-        d = self.data
-        if d.manifest["options"]["model_type"] != "word":
-            raise UserError(f"pointer=true needs one source token per word (aiayn prepare "
-                            f"--model-type word); {d.directory} has a "
-                            f"{d.manifest['options']['model_type']} source vocabulary")
-        slots = TreeVocabulary.from_tokenizer(d.tgt_tokenizer).slot
-        if not bool(slots.any()):
-            raise UserError(f"pointer=true needs targets of linearized trees (aiayn treebank); "
-                            f"the target vocabulary of {d.directory} has no word slots")
-        return slots
 
     def _restore(self, state: dict[str, Any]) -> None:
         from aiayn.model.io import load_state_checked, read_weights
@@ -225,9 +192,8 @@ class Trainer:
 
     def _describe(self) -> None:
         from aiayn.memory import allocator_in_use
-        from aiayn.model.counting import count_parameters
 
-        o, env, cfg = self.options, self.env, self.cfg
+        o, env, cfg, task = self.options, self.env, self.cfg, self.task
         if self.resume_from is not None:
             self.log.say(f"resuming {self.resume_from} at step {self.step}")
             for c in self.config_changes:
@@ -236,12 +202,14 @@ class Trainer:
             self.log.say(f"warning: --resume: {self.run_dir} holds no checkpoint yet; starting a "
                          f"new run at step 0")
         self.log.say(
-            f"training {count_parameters(cfg):,} parameters on {env.world_size} x {env.device.type}, "
-            f"{self.precision.name}{', compiled' if o.compile else ''}, {allocator_in_use()}; "
-            f"update = {self.accum} x {self.batch_tokens} tokens x {env.world_size} rank(s) "
-            f"(target {cfg.max_tokens}); {len(self.sampler)} micro-batches per epoch per rank")
+            f"training {task.count_parameters(cfg):,} parameters on {env.world_size} x "
+            f"{env.device.type}, {self.precision.name}{', compiled' if o.compile else ''}, "
+            f"{allocator_in_use()}; update = {self.accum} x {self.batch_tokens} {task.unit} x "
+            f"{env.world_size} rank(s) (target {task.update_size(cfg)}); {len(self.sampler)} "
+            f"micro-batches per epoch per rank")
         if env.is_main:
-            run = {"config": cfg.to_dict(), "options": asdict(o), "data": str(self.data.directory),
+            run = {"config": cfg.to_dict(), "task": cfg.TASK, "options": asdict(o),
+                   "data": str(task.directory),
                    "seed": self.seed, "world_size": env.world_size, "batch_tokens": self.batch_tokens,
                    "accum": self.accum, "torch": torch.__version__, "allocator": allocator_in_use()}
             with atomic_write(self.run_dir / "run.json") as f:
@@ -252,7 +220,8 @@ class Trainer:
 
         o, env = self.options, self.env
         self._describe()
-        stream = BatchStream(self.sampler, self.train_set, env.device, o.max_epochs)
+        stream = BatchStream(self.sampler, partial(self.task.collate, self.cfg), env.device,
+                             o.max_epochs)
         self.t_start = _clock()
         last_save_time = self.t_start
         window = LogWindow()
@@ -357,13 +326,10 @@ class Trainer:
     def _evaluate(self) -> None:
         """Dev figures on rank 0 (the others go on and wait in the next update's all-reduce);
         keeps RUN_DIR/best up to date by dev NLL."""
-        if not self.env.is_main or self.dev_set is None:
+        if not self.env.is_main:
             return
-        from aiayn.training.evaluate import evaluate
-
-        res = evaluate(self.model, self.dev_set, self.batch_tokens, self.cfg.eps_ls,
-                       self.options.eval_bleu_sentences, self.env.device, self.precision.autocast,
-                       self.cfg.pad_multiple)
+        res = self.task.evaluate(self.model, self.cfg, self.batch_tokens, self.env.device,
+                                 self.precision.autocast, self.options.eval_bleu_sentences)
         if not res:
             return
         example = res.pop("example", None)
@@ -375,6 +341,8 @@ class Trainer:
                f"ppl {res['dev_ppl']:.2f}")
         if "dev_bleu" in res:
             msg += f", BLEU {res['dev_bleu']:.2f} ({res['bleu_sentences']} sentences, greedy)"
+        if "dev_f1" in res:
+            msg += f", bracket F1 {res['dev_f1']:.2f}"
         self.log.say(msg)
         if example:
             self.log.say(f"  ref: {example['ref']}\n  hyp: {example['hyp']}")
@@ -382,14 +350,16 @@ class Trainer:
         if math.isfinite(res["dev_nll"]) and (best is None or res["dev_nll"] < best["dev_nll"]):
             self.progress.best = record
             meta = self._meta({"dev": record, "bleu_signature": signature})
-            ckpt.save_best(self.run_dir, self.model.state_dict(), self.cfg, self.tokenizers, meta)
+            ckpt.save_best(self.run_dir, self.model.state_dict(), self._writer(meta))
 
     def _meta(self, extra: dict | None = None) -> dict[str, Any]:
-        m = self.data.manifest
-        return {"step": self.step, "src_lang": m.get("src_lang"), "tgt_lang": m.get("tgt_lang"),
-                "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint"),
+        return {"step": self.step, **self.task.meta(),
                 "epoch": self.sampler.epoch + self.sampler.position / max(len(self.sampler), 1),
                 **(extra or {})}
+
+    def _writer(self, meta: dict[str, Any]):
+        """`write(directory, weights)`: the model directory's files, by the task."""
+        return lambda directory, weights: self.task.write_model(directory, weights, self.cfg, meta)
 
     def _save(self) -> Path | None:
         """Checkpoint at the current update boundary. Collective: every rank calls it."""
@@ -424,8 +394,8 @@ class Trainer:
         keep = self.options.keep or max(self.cfg.n_average, 1)
         meta = self._meta({"dev": self.progress.dev[-1] if self.progress.dev else None})
         try:
-            return ckpt.save_checkpoint(self.run_dir, self.step, weights, self.cfg, self.tokenizers,
-                                        meta, state, keep)
+            return ckpt.save_checkpoint(self.run_dir, self.step, weights, self._writer(meta),
+                                        state, keep)
         except OutputError as e:  # the write left the previous checkpoint as it was
             kept = ckpt.latest_resumable(self.run_dir)
             then = (f"continue with --resume (from {kept.name}, which is intact)" if kept else
@@ -433,8 +403,6 @@ class Trainer:
             raise OutputError(e.path, e.reason, e.remedy, then) from None
 
     def _finish(self, stopped_by: str, wall: float) -> dict[str, Any]:
-        from aiayn.model.counting import flops_per_target_token
-
         dev = self.progress.dev
         if self.step > 0 and (not dev or dev[-1]["step"] != self.step):
             self._evaluate()
@@ -445,14 +413,8 @@ class Trainer:
             path = ckpt.step_dir(self.run_dir, self.step)
         if not self.env.is_main:
             return {}
-        split = self.data.manifest["splits"]["train"]
-        pairs = max(split["pairs"], 1)
-        per_token = flops_per_target_token(self.cfg, split["src_tokens"] / pairs + 1,  # + EOS
-                                           split["tgt_tokens"] / pairs + 1)
-        if self.cfg.rdrop_alpha > 0:  # R-Drop runs every batch through the model twice
-            per_token *= 2
         summary = build_summary(
-            self.progress, per_token, self.step, stopped_by, self._meta()["epoch"], wall,
+            self.progress, self.task.flops_per_target_token(self.cfg), self.step, stopped_by, self._meta()["epoch"], wall,
             self.options.peak_tflops, self.env.world_size, precision=self.precision.name,
             checkpoint=str(path) if path else None, run_dir=str(self.run_dir))
         with atomic_write(self.run_dir / "summary.json") as f:
@@ -461,22 +423,24 @@ class Trainer:
         return summary
 
 
-def train(cfg: Config | None, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
+def train(cfg: Any | None, data: str | os.PathLike | Task, out_dir: str | os.PathLike,
           options: TrainOptions | None = None) -> dict[str, Any]:
-    """Train on the prepared dataset `data_dir` into `out_dir`; returns the summary (on rank 0;
-    {} on other ranks). `cfg` may be None when resuming (the checkpoint's config is used);
-    its vocabulary sizes are always taken from the dataset. Under torchrun, each process calls
-    this and the process group is set up (and torn down) here. A second run on `out_dir` while
-    this one goes on is refused (an OS lock, `aiayn.io.exclusive_lock`, held by rank 0)."""
+    """Train on `data` (a dataset directory made by `aiayn prepare`, or a `Task`) into `out_dir`;
+    returns the summary (on rank 0; {} on other ranks). `cfg` may be None when resuming (the
+    checkpoint's config is used); what the data decides (vocabulary sizes) is always taken from
+    the data. Under torchrun, each process calls this and the process group is set up (and torn
+    down) here. A second run on `out_dir` while this one goes on is refused (an OS lock,
+    `aiayn.io.exclusive_lock`, held by rank 0)."""
     options = options or TrainOptions()
     options.check()
+    task = Seq2SeqTask(data, options.dev_split) if isinstance(data, (str, os.PathLike)) else data
     env = dist_.setup(options.device)
     try:
         # one run per directory: rank 0 holds the lock, every rank learns whether it could
         lock = partial(exclusive_lock, out_dir, "aiayn train",
                        "wait for it to finish, or choose another --out")
         with dist_.held_by_main(lock, env):
-            return Trainer(cfg, data_dir, out_dir, options, env).run()
+            return Trainer(cfg, task, out_dir, options, env).run()
     finally:
         if env.owns_group:
             dist_.teardown()

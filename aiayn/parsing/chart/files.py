@@ -1,0 +1,99 @@
+"""A chart parser's model directory, as `aiayn train` checkpoints it and `aiayn average` and
+`aiayn parse` read it:
+
+    config.json        the `ChartConfig`, with "task": "chart-parser"
+    chart.json         the vocabularies: words, labels, characters (`data.Vocabulary`)
+    model.safetensors  the weights
+    meta.json          facts about the model: step, corpus, dev figures
+
+Models saved before the chart parser trained through `aiayn train` hold their config inside
+chart.json ("kind": "chart") and no config.json; they still load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.errors import UserError
+from aiayn.io import read_json
+from aiayn.parsing.chart.config import ChartConfig
+from aiayn.parsing.chart.data import Vocabulary
+from aiayn.parsing.chart.model import SpanParser, char_ids, encode, model_words
+
+VOCABULARY_FILE = "chart.json"
+_VOCABULARY_SCHEMA = {"words": [str], "labels": [str], "?chars": [str]}
+
+
+@dataclass
+class ChartModel:
+    model: SpanParser
+    vocab: Vocabulary
+
+    def logits(self, spellings: list[list[str]]) -> torch.Tensor:
+        """(B, F, F, L) span logits of sentences given as their words as written."""
+        ids = encode([model_words(w, self.vocab.word_index) for w in spellings], self.vocab.word_index)
+        chars = (char_ids(spellings, self.vocab.char_index, self.model.cfg.max_chars)
+                 if self.model.char_encoder is not None else None)
+        return self.model(ids, chars)
+
+
+def write_model_dir(directory: Path, weights: dict[str, torch.Tensor], cfg: ChartConfig,
+                    vocab: Vocabulary, meta: dict[str, Any]) -> None:
+    """The files of a model directory into `directory` (a fresh temporary one: the caller makes
+    the directory appear whole, `aiayn.io.write_dir_atomically`)."""
+    from safetensors.torch import save_file
+
+    from aiayn.model.io import CONFIG_FILE, META_FILE, WEIGHTS_FILE
+
+    (directory / CONFIG_FILE).write_text(cfg.to_json() + "\n", encoding="utf-8")
+    (directory / VOCABULARY_FILE).write_text(json.dumps(vocab.as_dict()) + "\n", encoding="utf-8")
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()},
+              str(directory / WEIGHTS_FILE))
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def is_chart_model(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a chart parser (either layout)."""
+    p = Path(path)
+    for name, key, value in (("config.json", "task", ChartConfig.TASK), (VOCABULARY_FILE, "kind", "chart")):
+        try:
+            if json.loads((p / name).read_text(encoding="utf-8")).get(key) == value:
+                return True
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            continue
+    return False
+
+
+def read_chart_config(path: str | os.PathLike) -> ChartConfig:
+    p = Path(path)
+    if (p / "config.json").exists():
+        return ChartConfig.from_dict(read_json(p / "config.json"), str(p / "config.json"))
+    old = read_json(p / VOCABULARY_FILE, {"kind": str, "config": dict})
+    # models saved before d_char read no characters
+    return ChartConfig.from_dict({"task": ChartConfig.TASK, "d_char": 0, **old["config"]},
+                                 str(p / VOCABULARY_FILE))
+
+
+def read_vocabulary(path: str | os.PathLike) -> Vocabulary:
+    meta = read_json(Path(path) / VOCABULARY_FILE, _VOCABULARY_SCHEMA)
+    return Vocabulary(meta["words"], meta["labels"], meta.get("chars", []))
+
+
+def load_chart(path: str | os.PathLike, device: str | torch.device = "cpu") -> ChartModel:
+    """A chart parser model directory, in eval mode; anything amiss is one line naming it."""
+    from aiayn.model.io import load_state_checked, read_weights
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{p}: no such model directory")
+    cfg = read_chart_config(p)
+    vocab = read_vocabulary(p)
+    model = SpanParser(cfg, len(vocab.words), len(vocab.labels), len(vocab.chars))
+    load_state_checked(model, read_weights(p), str(p))
+    return ChartModel(model.to(device).eval(), vocab)

@@ -1,0 +1,105 @@
+"""Every preset by name: the paper's (aiayn/config.py) and each recipe's (aiayn/recipes/), and the
+names that were retired.
+
+A preset is named for its task and size (`translation-small`), and one preset per task is the one
+to use (`CURRENT`); the paper's presets keep the paper's names. A name never changes meaning: a
+new setting gets a new name, and a retired name fails with the exact `--set` change that gives its
+settings on top of a current preset (`RETIRED`), so an old command says what to type instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiayn.config import PRESETS as PAPER
+from aiayn.config import ConfigFields
+from aiayn.errors import UserError
+from aiayn.io import read_json
+from aiayn.recipes import g2p, multi30k, parsing, table3
+
+# Per task, its presets with a line each on what it is for; the first is the one to use.
+CURRENT: dict[str, dict[str, str]] = {
+    "translation": {
+        "translation-small": "a small corpus (Multi30k, ~30K pairs) in an hour on a CPU: 3+3 layers, d_model 256",
+        "translation-small-rnn": "the RNN encoder-decoder baseline (Table 1's comparison) for the same data",
+    },
+    "grapheme-to-phoneme": {
+        "g2p-small": "CMUdict spellings to pronunciations (the demo): 3+3 layers, d_model 128",
+    },
+    "parsing": {
+        "parsing-chart-small": "the span-based chart parser (not in the paper) on the WSJ sample, on a CPU",
+        "parsing-seq2seq-small": "§6.3's sequence-to-sequence parser at CPU size (the chart's voters)",
+    },
+    "table3 study": {
+        "table3": "the study base of Table 3 at CPU scale; table3-ROW for each row (aiayn study table3)",
+    },
+}
+
+RECIPES: dict[str, Any] = {**multi30k.PRESETS, **g2p.PRESETS, **parsing.PRESETS, **table3.PRESETS}
+
+# Names that once meant a config and no longer do, with the exact settings they had.
+RETIRED: dict[str, str] = {
+    "multi30k-v3": "use `--preset translation-small`, the same settings",
+    "multi30k-v2": "use `--preset translation-small --set lr_cooldown=0`, the same settings",
+    "multi30k": ("use `--preset translation-small --set p_attn_drop=0 p_ffn_drop=0 alpha=0.6 "
+                 "lr_cooldown=0`, the same settings"),
+    "tiny": ("use `--preset translation-small --set p_attn_drop=0 p_ffn_drop=0 alpha=0.6 "
+             "lr_cooldown=0 p_drop=0.1 max_steps=20000`, the same settings"),
+    "micro": ("use `--preset base --set n_layers=2 d_model=64 d_ff=256 n_heads=4 warmup_steps=200 "
+              "max_tokens=2048 max_steps=2000`, the same settings"),
+    "rnn-multi30k": "use `--preset translation-small-rnn`, the same settings",
+    "g2p-v2": "use `--preset g2p-small`, the same settings",
+    "g2p": "use `--preset g2p-small --set lr_cooldown=0`, the same settings",
+    "parsing-small-v3": "use `--preset parsing-seq2seq-small`, the same settings",
+    "parsing-small-v2": "use `--preset parsing-seq2seq-small --set p_drop=0.2`, the same settings",
+    "parsing-small-wd": "use `--preset parsing-seq2seq-small --set p_drop=0.3`, the same settings",
+    "parsing-small": ("use `--preset parsing-seq2seq-small --set p_drop=0.3 p_word_drop=0`, the "
+                      "same settings"),
+    "parsing-cpu": ("use `--preset parsing-seq2seq-small --set p_drop=0.3 p_word_drop=0 d_model=256 "
+                    "d_ff=1024 norm=post`, the same settings"),
+    "parsing-small-v3-pointer": ("removed with Config.pointer (docs/experiments/parsing.md; aiayn "
+                                 "at commit 1fe4095 has it); the nearest is `--preset "
+                                 "parsing-seq2seq-small`"),
+}
+
+assert not set(PAPER) & set(RECIPES), "a recipe preset reuses a paper preset's name"
+assert not set(RETIRED) & (set(PAPER) | set(RECIPES)), "a retired preset name is in use"
+assert all(n in RECIPES for names in CURRENT.values() for n in names), "CURRENT names a missing preset"
+
+
+def all_presets() -> dict[str, Any]:
+    """The paper's presets, then the recipes'."""
+    return {**PAPER, **RECIPES}
+
+
+def get_preset(name: str) -> Any:
+    """A preset by name (a `Config`, or a task's own config such as the chart parser's). A
+    retired name fails with its exact successor."""
+    if name in RETIRED:
+        raise UserError(f"preset {name!r} was retired; {RETIRED[name]}")
+    try:
+        return all_presets()[name]
+    except KeyError:
+        shown = [n for names in CURRENT.values() for n in names] + list(PAPER)
+        raise UserError(f"unknown preset {name!r}; choose from: {', '.join(shown)} "
+                        "(`aiayn info --list` says what each is for)") from None
+
+
+def load_config(preset: str | None = None, config_file: str | None = None,
+                overrides: list[str] | None = None, **fixed: Any) -> Any:
+    """Build a config the way the CLI does: preset (default base), then a JSON config file's fields,
+    then `name=value` overrides, then `fixed` fields set by the caller (e.g. vocab_size from data)."""
+    from dataclasses import replace
+
+    cfg: ConfigFields = get_preset(preset or "base")
+    if config_file:
+        data = read_json(config_file)
+        if not isinstance(data, dict):
+            raise UserError(f"{config_file}: expected a JSON object of config fields")
+        cfg = type(cfg).from_dict({**({"task": cfg.TASK} if cfg.TASK else {}), **cfg.to_dict(), **data},
+                                  config_file)
+    if overrides:
+        cfg = cfg.with_overrides(overrides)
+    if fixed:
+        cfg = replace(cfg, **fixed)  # type: ignore[type-var]
+    return cfg

@@ -1,0 +1,112 @@
+"""`Seq2SeqTask`: the paper's task for the trainer (aiayn/training/task.py): a sequence-to-sequence
+model (the Transformer, or the RNN baseline) on a dataset made by `aiayn prepare`, its batches of
+similar lengths holding `max_tokens` tokens per side per update (§5.1), the label-smoothed loss
+(§5.4), dev loss, perplexity and greedy BLEU, and model directories that hold the sentencepiece
+model(s) beside the weights (aiayn/model/io.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from aiayn.config import Config
+from aiayn.errors import UserError
+from aiayn.training.loss import LossSums, label_smoothed_loss
+
+
+class Seq2SeqTask:
+    unit = "tokens"
+
+    def __init__(self, data_dir: str | Path, dev_split: str | None = None):
+        from aiayn.data.dataset import load_dataset_dir
+        from aiayn.model.io import tokenizer_files
+
+        self.directory = Path(data_dir)
+        self.data = load_dataset_dir(data_dir)
+        self.tokenizers = tokenizer_files(self.data.directory)
+        self.train_set = self.data.split("train")
+        splits = [s for s in self.data.splits if s != "train"]
+        name = dev_split if dev_split is not None else (
+            "valid" if "valid" in splits else (splits[0] if splits else None))
+        self.dev_set = None if name is None else self.data.split(name)
+
+    def config(self, cfg: Any) -> Config:
+        if not isinstance(cfg, Config):
+            raise UserError(f"{self.directory} is a dataset made by aiayn prepare, for the "
+                            f"sequence-to-sequence Transformer; this preset's model is a "
+                            f"{cfg.TASK} (train it on the data its recipe names)")
+        return self.data.model_config(cfg)
+
+    def read_config(self, model_dir: Path) -> Config:
+        from aiayn.model.io import read_config
+
+        return read_config(model_dir)
+
+    def check_checkpoint(self, model_dir: Path) -> None:
+        """Vocabulary checks are by the weights' shapes (`load_state_checked`)."""
+
+    def build_model(self, cfg: Config) -> torch.nn.Module:
+        from aiayn.model.build import build_model
+
+        return build_model(cfg)
+
+    def count_parameters(self, cfg: Config) -> int:
+        from aiayn.model.counting import count_parameters
+
+        return count_parameters(cfg)
+
+    def update_size(self, cfg: Config) -> int:
+        return cfg.max_tokens
+
+    def sampler(self, cfg: Config, batch_size: int, seed: int, rank: int, world_size: int):
+        from aiayn.data.batching import TokenBatchSampler
+
+        t = self.train_set
+        return TokenBatchSampler(t.src_lengths, t.tgt_lengths, batch_size, seed=seed, rank=rank,
+                                 world_size=world_size, pad_multiple=cfg.pad_multiple)
+
+    def collate(self, cfg: Config, indices: Any):
+        from aiayn.data.batching import collate
+
+        return collate(self.train_set, indices, cfg.pad_multiple)
+
+    def loss(self, model: torch.nn.Module, batch: Any, cfg: Config, autocast: Callable) -> LossSums:
+        return seq2seq_loss(model, batch, cfg, autocast)
+
+    def evaluate(self, model: torch.nn.Module, cfg: Config, batch_size: int, device: torch.device,
+                 autocast: Callable, sentences: int) -> dict[str, Any]:
+        from aiayn.training.evaluate import evaluate
+
+        if self.dev_set is None:
+            return {}
+        return evaluate(model, self.dev_set, batch_size, cfg.eps_ls, sentences, device, autocast,
+                        cfg.pad_multiple)
+
+    def write_model(self, directory: Path, weights: dict[str, torch.Tensor], cfg: Config,
+                    meta: dict) -> None:
+        from aiayn.model.io import fill_model_dir
+
+        fill_model_dir(directory, weights, cfg, self.tokenizers, meta)
+
+    def meta(self) -> dict[str, Any]:
+        m = self.data.manifest
+        return {"src_lang": m.get("src_lang"), "tgt_lang": m.get("tgt_lang"),
+                "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint")}
+
+    def flops_per_target_token(self, cfg: Config) -> float:
+        from aiayn.model.counting import flops_per_target_token
+
+        split = self.data.manifest["splits"]["train"]
+        pairs = max(split["pairs"], 1)
+        return flops_per_target_token(cfg, split["src_tokens"] / pairs + 1,  # + EOS
+                                      split["tgt_tokens"] / pairs + 1)
+
+
+def seq2seq_loss(model: torch.nn.Module, batch: Any, cfg: Config, autocast: Callable) -> LossSums:
+    """The label-smoothed loss (§5.4) and NLL of a micro-batch (aiayn.data.batching.Batch),
+    summed over its target tokens."""
+    with autocast():
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    return label_smoothed_loss(logits, batch.tgt_out, cfg.eps_ls)
