@@ -3,7 +3,7 @@ sequence length n at a fixed width d, for self-attention, restricted self-attent
 banded kernel of aiayn.model.banded, and the dense masked computation it replaced), a recurrent
 layer (torch's GRU), a convolution (kernel 3) and a separable convolution; sequential operations
 and maximum path lengths from each kind's connectivity (complexity_paths.py); log-log slopes
-beside Table 1's orders; where the curves cross. Writes docs/complexity.md, docs/complexity.png
+beside Table 1's orders; where the curves cross. Writes docs/experiments/complexity.md and .png
 and the raw figures to benchmarks/results/complexity.json.
 
     .venv/bin/python benchmarks/complexity.py          # ~5 minutes
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--path-n-max", type=int, default=1024, help="path lengths up to this n")
     p.add_argument("--min-seconds", type=float, default=0.3)
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/complexity.json")
-    p.add_argument("--docs", type=Path, default=ROOT / "docs")
+    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "experiments")
     p.add_argument("--report-only", action="store_true", help="redraw the docs from --json")
     args = p.parse_args(argv)
     from complexity_report import write_report

@@ -1,4 +1,4 @@
-"""docs/complexity.md and docs/complexity.png from benchmarks/complexity.py's measurements:
+"""docs/experiments/complexity.md and its .png from benchmarks/complexity.py's measurements:
 log-log slopes, crossovers, tables and the plot. Pure functions of the saved JSON."""
 
 from __future__ import annotations

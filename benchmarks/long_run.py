@@ -7,7 +7,7 @@ mean, peak resident memory, and the run's dev and test scores when the recipe wr
 `--plot`, tokens/s against training minutes for every run on one figure.
 
 Used to decide the allocator and batch-shape settings on a run a user would make, the Multi30k
-recipe of scripts/multi30k.sh (docs/performance.md), e.g. one run per setting:
+recipe of scripts/multi30k.sh (docs/experiments/performance.md), e.g. one run per setting:
 
     OUT=runs/m30k-sys AIAYN_ALLOCATOR=system bash scripts/multi30k.sh
     OUT=runs/m30k-sys-pad8 AIAYN_ALLOCATOR=system TRAIN_ARGS="--set pad_multiple=8" bash scripts/multi30k.sh

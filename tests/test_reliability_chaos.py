@@ -1,7 +1,7 @@
 """The chaos benchmark in small: each command killed with SIGKILL twice (once at a random moment,
 once just as it starts writing its output) on tiny fixtures; nothing may be lost or torn, and the
 rerun must reproduce the uninterrupted result exactly. The documented run (50 trials per command)
-is `benchmarks/chaos.py`; docs/reliability.md has its tallies."""
+is `benchmarks/chaos.py`; docs/experiments/chaos.md has its tallies."""
 
 from __future__ import annotations
 

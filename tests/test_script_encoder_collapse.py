@@ -1,4 +1,4 @@
-"""scripts/encoder_collapse.py: a model that reads its source against the same model with its
+"""tools/encoder_collapse.py: a model that reads its source against the same model with its
 encoder forced to collapse (every position mapped to one vector)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from aiayn.data.batching import collate
 from aiayn.decoding.common import source_batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 collapse = pytest.importorskip("encoder_collapse")
 from conftest import MICRO, train_reverser  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Compare `aiayn evalb` with EVALB's C program on the same files, number for number.
 
-    python scripts/evalb_compare.py --evalb /path/to/evalb --prm /path/to/COLLINS.prm \
+    python tools/evalb_compare.py --evalb /path/to/evalb --prm /path/to/COLLINS.prm \
         --gold corpus/valid.gold [--test trees.txt | --corrupt 0.15]
 
 EVALB is not shipped by any package registry we know of; build it from its C source (`gcc -O2 -o

@@ -1,8 +1,8 @@
-"""Screenshots of `aiayn serve`'s web page, as docs/serving.md shows it: starts `aiayn serve` on
-127.0.0.1, opens the page in Debian's headless Chromium, types sentences, waits for their
+"""Screenshots of `aiayn serve`'s web page, as docs/guides/serving.md shows it: starts `aiayn
+serve` on 127.0.0.1, opens the page in Debian's headless Chromium, types sentences, waits for their
 translation and saves a PNG at a desktop's width and one at a phone's.
 
-    .venv/bin/python scripts/page_screenshot.py --model runs/m30k/model --out docs/serve-page.png
+    .venv/bin/python tools/page_screenshot.py --model runs/m30k/model --out docs/serve-page.png
 """
 
 from __future__ import annotations

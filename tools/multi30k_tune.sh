@@ -3,8 +3,8 @@
 # for each N, average the newest N checkpoints, translate val with each beam/alpha pair, print
 # sacreBLEU. The test set is never read.
 #
-#   bash scripts/multi30k_tune.sh runs/multi30k-en-de 5 10                 # beam 4, alpha 0.6 1.0 1.5 2.0
-#   GRID="4 1.2,4 1.8,8 1.5" TGT=en bash scripts/multi30k_tune.sh runs/multi30k-de-en 5
+#   bash tools/multi30k_tune.sh runs/multi30k-en-de 5 10                 # beam 4, alpha 0.6 1.0 1.5 2.0
+#   GRID="4 1.2,4 1.8,8 1.5" TGT=en bash tools/multi30k_tune.sh runs/multi30k-de-en 5
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 OUT N [N ...]   (OUT as made by scripts/multi30k.sh)" >&2; exit 2; }

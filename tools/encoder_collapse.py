@@ -1,15 +1,15 @@
 """Does a trained model read its source? Measures an encoder that has collapsed to one vector.
 
-    python scripts/encoder_collapse.py --model runs/parsing/e2/model \
+    python tools/encoder_collapse.py --model runs/parsing/e2/model \
         --src runs/parsing/corpus/valid.words --ref runs/parsing/corpus/valid.tree [--lines 50]
 
 Prints, per encoder layer, the mean cosine similarity between the outputs at different positions
 of one sentence (1.00: every position the same vector, so the decoder cannot tell the words
 apart), and the norms of what the two sub-layers add to the residual stream; with --ref, the
 entropy of the encoder-decoder attention as a share of a uniform distribution's (1.00: every
-source position weighted alike, teacher forced on the reference). docs/parsing.md uses it to show
-why the parsing models ignored their sentences; `aiayn evaluate` with rotated sources measures
-the same thing from the outside (docs/parsing.md has the command).
+source position weighted alike, teacher forced on the reference). docs/experiments/parsing.md
+uses it to show why the parsing models ignored their sentences; `aiayn evaluate` with rotated
+sources measures the same thing from the outside (docs/experiments/parsing.md has the command).
 
 Written here rather than taken from a library: it reads the sub-layers of aiayn's own modules.
 """

@@ -2,7 +2,7 @@
 30-minute recipe): for each N, average the run's newest N checkpoints and print valid WER and PER.
 The test words are never read.
 
-    .venv/bin/python scripts/g2p_tune.py runs/g2p-30 1 2 3 5      # OUT as made by scripts/demo.sh
+    .venv/bin/python tools/g2p_tune.py runs/g2p-30 1 2 3 5      # OUT as made by scripts/demo.sh
 """
 
 from __future__ import annotations
