@@ -10,31 +10,66 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import textwrap
 
+from aiayn.commands.common import RetiredSpelling
 from aiayn.errors import UserError
-from aiayn.io import io_failure
+from aiayn.files import io_failure
 from aiayn.memory import restart_with_allocator, tune_memory
 
-# name -> (module under aiayn.commands, one-line help). Imported lazily so `aiayn info` does not
-# pay for importing the trainer.
+# name -> (module under aiayn.commands, one-line help). Each module imports what its work needs
+# inside `main`, so that building the parser (which imports every module) stays cheap.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "info": ("info", "print a preset's config, parameter count and FLOPs per token"),
     "prepare": ("prepare", "learn a shared BPE vocabulary and binarize a parallel corpus"),
     "train": ("train", "train a model on a prepared dataset"),
     "average": ("average", "average the parameters of the last N checkpoints"),
     "translate": ("translate", "translate text with a trained model"),
+    "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
+    "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
+    "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
+    "export": ("export", "convert a model for another inference engine (CTranslate2)"),
+    "info": ("info", "print a preset's config, parameter count and FLOPs per token"),
     "attention": ("attention", "draw a model's attention for a sentence (heatmaps, lines, HTML)"),
     "plot": ("plot", "plot positional encodings, the learning-rate schedule, training curves"),
     "serve": ("serve", "translate over HTTP: an API with dynamic batching and a web page"),
-    "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
-    "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
     "download": ("download", "fetch a public data set with checksums"),
-    "export": ("export", "convert a model for another inference engine (CTranslate2)"),
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
-    "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
-    "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
     "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
+    "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
 }
+
+# How `aiayn --help` lists them (argparse lists subcommands in one flat group).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "pipeline": ("prepare", "train", "average", "translate", "parse", "evaluate", "evalb", "export"),
+    "inspect": ("info", "attention", "plot"),
+    "serve": ("serve",),
+    "data": ("download", "treebank"),
+    "paper experiments": ("study", "demo"),
+}
+
+EXAMPLES = (
+    "aiayn download multi30k --out data/multi30k",
+    "aiayn prepare --src-lang en --tgt-lang de --train data/multi30k/train --valid "
+    "data/multi30k/val --test data/multi30k/test_2016_flickr --out data/m30k",
+    "aiayn train --data data/m30k --out runs/m30k --preset translation-small --time-budget 60",
+    "aiayn train --help",
+)
+
+ENVIRONMENT = ("environment: AIAYN_ALLOCATOR=system keeps the C library's malloc (by default the "
+               "command restarts itself once with mimalloc preloaded where the cmeel-mimalloc "
+               "wheel is installed); AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default "
+               "memory settings (aiayn/memory.py; by default freed memory stays in the process "
+               "and large tensors use huge pages, for faster CPU training)")
+
+
+def command_list() -> str:
+    """The commands by group, one line each, as `aiayn --help` shows them."""
+    width = max(map(len, COMMANDS))
+    lines = ["commands (aiayn COMMAND --help shows a command's options and examples):"]
+    for group, names in GROUPS.items():
+        lines.append(f"  {group}")
+        lines += [f"    {name:<{width}}  {COMMANDS[name][1]}" for name in names]
+    return "\n".join(lines)
 
 
 # Commands that were retired, with what to type instead.
@@ -47,15 +82,15 @@ RETIRED_COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="aiayn", description=__doc__.splitlines()[0],
-        epilog="environment: AIAYN_ALLOCATOR=system keeps the C library's malloc (by default the "
-               "command restarts itself once with mimalloc preloaded where the cmeel-mimalloc wheel "
-               "is installed); AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default memory settings "
-               "(aiayn/memory.py; by default freed memory stays in the process and large tensors "
-               "use huge pages, for faster CPU training)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        prog="aiayn", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"{__doc__.splitlines()[0]}\n\n{command_list()}",
+        epilog=textwrap.fill(ENVIRONMENT, 94) + "\n\nExamples:\n"
+               + "\n".join(f"  {e}" for e in EXAMPLES))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                help="the command to run (listed above)")
     for name, (mod, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        # no help=: argparse would list the commands again, ungrouped
+        p = sub.add_parser(name, description=help_)
         module = importlib.import_module(f"aiayn.commands.{mod}")
         module.add_arguments(p)
         p.set_defaults(_module=module, _parser=p)
@@ -78,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{RETIRED_COMMANDS[args_list[0]]}", file=sys.stderr)
         return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except RetiredSpelling as e:  # an old option spelling: one line naming the new one
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args._module.main(args) or 0)
     except UserError as e:

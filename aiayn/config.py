@@ -21,8 +21,8 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Literal
 
+from aiayn.checks import check_schema
 from aiayn.errors import UserError
-from aiayn.io import check_schema
 
 
 class ConfigFields:
@@ -261,7 +261,7 @@ class Config(ConfigFields):
 
 @functools.cache
 def _field_kinds(cls: type) -> dict[str, Any]:
-    """Each field's annotation as an `aiayn.io.check_schema` schema: int, float, bool, str,
+    """Each field's annotation as an `aiayn.checks.check_schema` schema: int, float, bool, str,
     a Literal's values, and `X | None` as alternatives."""
 
     def kind(hint: Any) -> Any:

@@ -21,7 +21,7 @@ users call `tune_memory()` before the first `import torch` (and preload mimalloc
 These settings change speed and memory only. A different allocator places tensors at other
 addresses, where oneDNN's kernels may round differently: runs agree to ~1e-3 in loss after
 hundreds of steps, not bit for bit (a run and its `--resume` stay on one allocator). What each
-setting gains, measured, with the commands: docs/performance.md.
+setting gains, measured, with the commands: docs/experiments/performance.md.
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ settings on top of a current preset (`RETIRED`), so an old command says what to 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from aiayn.checks import read_json
 from aiayn.config import PRESETS as PAPER
 from aiayn.config import ConfigFields
 from aiayn.errors import UserError
-from aiayn.io import read_json
 from aiayn.recipes import g2p, multi30k, parsing, table3
 
 # Per task, its presets with a line each on what it is for; the first is the one to use.
@@ -89,8 +90,6 @@ def load_config(preset: str | None = None, config_file: str | None = None,
                 overrides: list[str] | None = None, **fixed: Any) -> Any:
     """Build a config the way the CLI does: preset (default base), then a JSON config file's fields,
     then `name=value` overrides, then `fixed` fields set by the caller (e.g. vocab_size from data)."""
-    from dataclasses import replace
-
     cfg: ConfigFields = get_preset(preset or "base")
     if config_file:
         data = read_json(config_file)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aiayn.checks import read_json
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.io import read_json
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.files import read_chart_config
 from aiayn.parsing.chart.task import ChartTask

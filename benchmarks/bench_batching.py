@@ -182,8 +182,8 @@ def time_training_step(preset: str, ds, batches, steps: int) -> float:
 
     import torch
 
-    from aiayn.presets import get_preset
     from aiayn.model import Transformer
+    from aiayn.presets import get_preset
     from aiayn.training.loss import label_smoothed_loss
     from aiayn.training.precision import resolve
 

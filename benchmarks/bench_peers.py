@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from aiayn.io import atomic_write  # noqa: E402
+from aiayn.files import atomic_write  # noqa: E402
+
 from provenance import commit, cpu_name  # noqa: E402
 
 PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
@@ -215,9 +216,9 @@ def render(res: dict) -> str:
              "MFU = train tok/s x model FLOPs per target token / the peak of the row's precision. "
              "Cells: value (aiayn/peer, same precision; a precision aiayn was not measured in "
              "against aiayn bf16, else fp32): above 1, aiayn is faster, or for RSS uses more. "
-             "aiayn's default training precision \"auto\" is bf16 autocast on a CPU with native "
-             "bf16 (its bf16 row), else fp32; its decoding rows are `aiayn translate --precision` "
-             "fp32 (the default), bf16 or int8 (weights and activations). Each table ends with aiayn's "
+             "aiayn's default precision \"auto\" is bf16 on a CPU with native bf16 (its bf16 "
+             "rows), else fp32, in training and decoding; its decoding rows are `aiayn translate "
+             "--precision` fp32, bf16 or int8 (weights and activations). Each table ends with aiayn's "
              "training speed against the fastest peer row and its decoding against CTranslate2."]
     for c in res["configs"]:
         fpt = next((r["train"]["flops_per_tok"] for r in res["rows"]
@@ -311,7 +312,7 @@ def main() -> int:
     if a.quick and a.write_results:
         p.error("--write-results records a real run; drop --quick")
     if a.precisions is None:
-        from aiayn.training.precision import cpu_has_native_bf16
+        from aiayn.precision import cpu_has_native_bf16
         a.precisions = list(PRECISION_ORDER)
         if not cpu_has_native_bf16():
             a.precisions = ["fp32", "int8"]

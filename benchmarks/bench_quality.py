@@ -59,8 +59,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from aiayn.io import atomic_write  # noqa: E402
 from bench_peers import NAMES, PEERS_PY, cpu_isa, cpu_model, versions, worker  # noqa: E402
+
+from aiayn.files import atomic_write  # noqa: E402
 
 PEERS = ("torch", "fairseq", "marian", "opennmt")  # the peers train_systems.py can train
 PRECISIONS = ("fp32", "bf16")
@@ -75,6 +76,7 @@ LOSS_EVERY = 50  # steps per point of the recorded training-loss curve
 def tiny_config(vocab_size: int, warmup: int):
     """workload's TINY at the dataset's vocabulary, with `warmup` steps in Eq. 3."""
     import train_systems
+
     import workload
 
     cfg = replace(workload.model_config("tiny"), vocab_size=vocab_size, warmup_steps=warmup)

@@ -34,7 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aiayn.io import atomic_write  # noqa: E402
+from aiayn.files import atomic_write  # noqa: E402
+
 from provenance import cpu_name  # noqa: E402
 
 

@@ -30,20 +30,20 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_batching import SyntheticDataset  # noqa: E402
+
 import aiayn.model.layers as layers_module  # noqa: E402
 import aiayn.model.transformer as transformer_module  # noqa: E402
 import aiayn.training.seq2seq as seq2seq_module  # noqa: E402
-from aiayn.presets import get_preset  # noqa: E402
 from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
 from aiayn.model.transformer import Transformer  # noqa: E402
+from aiayn.presets import get_preset  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
 from aiayn.training.distributed import DistEnv  # noqa: E402
 from aiayn.training.loss import NEVER_TARGET, LossSums  # noqa: E402
 from aiayn.training.precision import Precision  # noqa: E402
 from aiayn.training.schedule import build_optimizer  # noqa: E402
 from aiayn.training.step import Updater  # noqa: E402
-
-from bench_batching import SyntheticDataset  # noqa: E402
 
 
 def textbook_loss(logits, target, eps, pad_id=PAD_ID) -> LossSums:

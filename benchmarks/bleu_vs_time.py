@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiayn.io import atomic_write  # noqa: E402
+from aiayn.files import atomic_write  # noqa: E402
 
 
 def elapsed_at(run: Path, steps: list[int]) -> list[float]:

@@ -41,9 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from aiayn.io import is_temporary  # noqa: E402
+from aiayn.files import is_temporary  # noqa: E402
+
+from helpers import SMALL, SMALL_CHART, pair, tiny_treebank_corpus  # noqa: E402
 from provenance import commit, cpu_names  # noqa: E402
-from training_fixtures import SMALL, SMALL_CHART, pair, tiny_treebank_corpus  # noqa: E402
 
 COMMANDS = ("train", "train-chart", "prepare", "average", "translate")
 TRAINS = ("train", "train-chart")  # the training runs: killed, resumed, compared step by step

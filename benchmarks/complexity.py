@@ -41,18 +41,19 @@ if __name__ == "__main__":  # the memory settings every `aiayn` command runs wit
     restart_with_allocator([sys.executable, *sys.argv])
     tune_memory()
 
+import complexity_paths as paths  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-import complexity_paths as paths  # noqa: E402
-from provenance import commit, cpu_name  # noqa: E402
 from aiayn.config import BASE  # noqa: E402
-from aiayn.io import atomic_write  # noqa: E402
+from aiayn.files import atomic_write  # noqa: E402
 from aiayn.model.attention import MultiHeadAttention  # noqa: E402
 from aiayn.model.banded import Band, banded_attention  # noqa: E402
+
+from provenance import commit, cpu_name  # noqa: E402
 
 
 class Attention(nn.Module):

@@ -11,8 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiayn.io import atomic_write  # noqa: E402
-
+from aiayn.files import atomic_write  # noqa: E402
 
 PATH_FIT_FROM = 256  # path-length slopes over n >= this (r = 128 needs n >> r to be in its regime)
 
@@ -190,7 +189,6 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import NullFormatter
 
     rows, st = result["rows"], result["structure"]

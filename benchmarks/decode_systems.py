@@ -102,6 +102,7 @@ def padded(batch: list[list[int]], pad: int, eos: int, left: bool = False):
 # --- aiayn and CTranslate2 (the same weights) -------------------------------------------------
 def aiayn_model(config: str, seed: int):
     import torch
+
     from aiayn.model import Transformer
 
     torch.manual_seed(seed)
@@ -111,9 +112,8 @@ def aiayn_model(config: str, seed: int):
 def make_aiayn(config: str, precision: str, threads: int, seed: int) -> Decode:
     import sys as _sys
 
-    from aiayn.decoding.translate import SearchOptions, search_batched
-
     from aiayn.decoding.precision import convert
+    from aiayn.decoding.translate import SearchOptions, search_batched
 
     # What `aiayn translate --precision P` runs: bf16 weights cast once, or int8 weights
     model = convert(aiayn_model(config, seed), precision)
@@ -279,16 +279,15 @@ def make_opennmt(config: str, precision: str, threads: int, seed: int) -> Decode
     import io
     from collections import Counter
 
+    import onmt.opts
     import pyonmttok
     import torch
-    from torch.nn.init import xavier_uniform_, zeros_
-
-    import onmt.opts
     from onmt.constants import DefaultTokens
     from onmt.model_builder import build_base_model
     from onmt.translate import GNMTGlobalScorer
     from onmt.translate.translator import Translator
     from onmt.utils.parse import ArgumentParser
+    from torch.nn.init import xavier_uniform_, zeros_
 
     size = CONFIGS[config]
     parser = ArgumentParser()

@@ -20,8 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.argv[1:1] = ["--system", "aiayn"]  # train_systems applies aiayn's memory settings before torch
-import train_systems  # noqa: E402
 import torch  # noqa: E402
+import train_systems  # noqa: E402
+
 import workload  # noqa: E402
 
 del sys.argv[1:3]

@@ -76,12 +76,12 @@ from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workload  # noqa: E402
-from aiayn.data.batching import Batch  # noqa: E402
-
 from aiayn.config import Config  # noqa: E402
+from aiayn.data.batching import Batch  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
 from aiayn.training.schedule import set_lr  # noqa: E402
+
+import workload  # noqa: E402
 
 EPS_LS = 0.1
 BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
@@ -251,6 +251,7 @@ def build_torch(cfg: Config, precision: str, seed: int = 1) -> System:
 
 def build_marian(cfg: Config, precision: str, seed: int = 1) -> System:
     from transformers import MarianConfig, MarianMTModel
+
     from aiayn.special import BOS_ID, EOS_ID
 
     torch.manual_seed(seed)
@@ -298,7 +299,7 @@ def _fairseq_sample(b: Batch) -> dict:
 
 
 def build_fairseq(cfg: Config, precision: str, seed: int = 1) -> System:
-    from fairseq import options, optim, tasks
+    from fairseq import optim, options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     # TranslationTask reads its dictionaries from the data directory: write a 7996-word one (its

@@ -10,7 +10,7 @@ of the child (ru_maxrss):
 - `aiayn translate --model M --input SRC --output HYP --precision P` for each `--precisions`
   (beam and length penalty from the model's config, as a user gets them);
 - CTranslate2: the model exported once (untimed) by `aiayn export --format ctranslate2`
-  (`--quantization int8`, or float32), then a Python script importing only ctranslate2 and
+  (`--precision int8`, or fp32), then a Python script importing only ctranslate2 and
   sentencepiece: tokenize, `Translator.translate_batch` (beam 4 and max_batch_size 64 as
   `--ct2-batch` says, its own length normalisation: `length_penalty` 1, PAD and BOS suppressed as
   `aiayn export` documents), detokenize, write.
@@ -128,9 +128,9 @@ def main() -> int:
     for ct in a.ct2:
         export = a.out / f"ct2-{ct}"
         if not export.exists():
-            quant = [] if ct == "float32" else ["--quantization", ct]
-            subprocess.run([py, "-m", "aiayn", "export", "--format", "ctranslate2", *quant,
-                            a.model, str(export)], check=True, cwd=REPO,
+            stored = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(ct, ct)
+            subprocess.run([py, "-m", "aiayn", "export", "--format", "ctranslate2", "--precision",
+                            stored, "--model", a.model, "--out", str(export)], check=True, cwd=REPO,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         hyp = a.out / f"ct2-{ct}.hyp"
         run(f"CTranslate2 {ct} (Python)",
@@ -155,7 +155,7 @@ def main() -> int:
                          f"speed, {r['peak_rss_mb'] / ct2['peak_rss_mb']:.2f}x its peak RSS")
     text = "\n".join(lines)
     print(text)
-    from aiayn.io import atomic_write
+    from aiayn.files import atomic_write
 
     with atomic_write(a.out / "results.json") as f:
         json.dump({"rows": rows, "model": a.model, "src": a.src, "threads": a.threads,

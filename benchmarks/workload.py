@@ -105,7 +105,7 @@ def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
     takes minutes (0.3 GFLOP/s measured on an AVX2 EPYC), and no row would be measured in bf16."""
     import torch
 
-    from aiayn.training.precision import cpu_has_native_bf16
+    from aiayn.precision import cpu_has_native_bf16
 
     torch.set_num_threads(threads)
     res: dict = {"threads": threads, "shapes": {}}

@@ -1,24 +1,18 @@
-"""Test-wide settings and shared fixtures."""
+"""Test-wide settings and the pytest fixtures that several test modules use; everything else the
+tests share is in helpers.py."""
 
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import MICRO
 
-from aiayn.model.int8 import int8_supported
+from aiayn.cli import main
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.model import Transformer
+from aiayn.model.io import save_model
 
-needs_int8 = pytest.mark.skipif(not int8_supported(), reason="needs fbgemm on an x86 CPU with AVX2")
-
-TEXTS = [
-    "the cat sat on the mat",
-    "a dog runs in the park",
-    "ein hund läuft im park",
-    "die katze sitzt auf der matte",
-    "the children play in the garden",
-    "die kinder spielen im garten",
-]
+from helpers import DE, EN, MICRO, TEXTS, sentences, write_lines
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -36,10 +30,6 @@ def one_thread():
 def model_dir(tmp_path_factory) -> Path:
     """A saved model directory: a random 1-layer micro model with a tiny shared sentencepiece
     vocabulary learned from TEXTS."""
-    from aiayn.data.tokenizer import Tokenizer
-    from aiayn.model import Transformer
-    from aiayn.model.io import save_model
-
     d = tmp_path_factory.mktemp("model")
     tok = Tokenizer.train(TEXTS * 3, 48, path=d / "spm.model", byte_fallback=False)
     cfg = replace(MICRO, vocab_size=tok.vocab_size, n_layers=1, d_model=32,
@@ -49,56 +39,33 @@ def model_dir(tmp_path_factory) -> Path:
     return save_model(d / "model", model, cfg, {"spm.model": d / "spm.model"})
 
 
-# --- a briefly trained model (confident, position-dependent outputs) ---------------------------
+@pytest.fixture
+def raw(tmp_path):
+    """Train (with an empty pair, a long pair and a lopsided pair), valid and test corpora."""
+    d = tmp_path / "raw"
+    d.mkdir()
+    src, tgt = sentences(EN, 200, 1), sentences(DE, 200, 2)
+    src[5], tgt[5] = "", "nur Ziel"  # empty source
+    src[9], tgt[9] = " ".join(["big"] * 60), " ".join(["groß"] * 60)  # too long with max_len 40
+    src[17], tgt[17] = "a", " ".join(["Hund"] * 25)  # length ratio >= 12.5
+    write_lines(d / "train.en", src, gz=True)
+    write_lines(d / "train.de", tgt, gz=True)
+    vsrc, vtgt = sentences(EN, 20, 3), sentences(DE, 20, 4)
+    vsrc[3], vtgt[3] = "", ""  # dev keeps empty lines
+    vsrc[4], vtgt[4] = "dog", " ".join(["Hund"] * 25)  # and lopsided ones
+    write_lines(d / "val.en", vsrc)
+    write_lines(d / "val.de", vtgt)
+    tsrc, ttgt = sentences(EN, 10, 5), sentences(DE, 10, 6)
+    write_lines(d / "test.en", tsrc)
+    write_lines(d / "test.de", ttgt)
+    return {"dir": d, "train": (src, tgt), "valid": (vsrc, vtgt), "test": (tsrc, ttgt)}
 
 
-def train_reverser(cfg, steps: int = 120, seed: int = 0):
-    """A model trained briefly to output its source reversed (ids mapped into the target
-    vocabulary): enough for varied, position-dependent greedy outputs."""
-    import torch.nn.functional as F
-
-    from aiayn.decoding.common import source_batch
-    from aiayn.model import Transformer
-    from aiayn.special import BOS_ID, EOS_ID, PAD_ID
-
-    torch.manual_seed(seed)
-    model = Transformer(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed)
-    v_src, v_tgt = cfg.src_vocab, cfg.tgt_vocab
-    for _ in range(steps):
-        srcs = [torch.randint(4, v_src, (int(n),), generator=g).tolist()
-                for n in torch.randint(2, 9, (32,), generator=g)]
-        tgts = [[4 + (x - 4) % (v_tgt - 4) for x in reversed(s)] for s in srcs]
-        src, src_mask = source_batch(srcs)
-        width = max(map(len, tgts)) + 1
-        tgt_in = torch.full((len(tgts), width), PAD_ID)
-        tgt_out = torch.full((len(tgts), width), PAD_ID)
-        for i, t in enumerate(tgts):
-            tgt_in[i, : len(t) + 1] = torch.tensor([BOS_ID] + t)
-            tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS_ID])
-        logits = model(src, tgt_in, src_mask)  # (B, T, V)
-        loss = F.cross_entropy(logits.transpose(1, 2), tgt_out, ignore_index=PAD_ID)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
-
-
-def reverser_model_dir(root: Path, separate: bool = False, **overrides) -> Path:
-    """A saved, briefly trained model directory; `separate` gives it its own target vocabulary."""
-    from aiayn.data.tokenizer import Tokenizer
-    from aiayn.model.io import save_model
-
-    root.mkdir(parents=True, exist_ok=True)
-    if separate:
-        src_tok = Tokenizer.train(TEXTS[::2] * 3, 40, path=root / "src.spm.model", byte_fallback=False)
-        tgt_tok = Tokenizer.train(TEXTS[1::2] * 3, 34, path=root / "tgt.spm.model", byte_fallback=False)
-        files = {"src.spm.model": root / "src.spm.model", "tgt.spm.model": root / "tgt.spm.model"}
-        overrides = dict(tgt_vocab_size=tgt_tok.vocab_size, tie_embeddings=False, **overrides)
-    else:
-        src_tok = Tokenizer.train(TEXTS * 3, 48, path=root / "spm.model", byte_fallback=False)
-        files = {"spm.model": root / "spm.model"}
-    sizes = dict(n_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
-    cfg = replace(MICRO, vocab_size=src_tok.vocab_size, **{**sizes, **overrides})
-    return save_model(root / "model", train_reverser(cfg), cfg, files)
+@pytest.fixture
+def aiayn(capsys):
+    """`aiayn ARGS` in this process: (exit status, stdout, stderr)."""
+    def run(*args):
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run

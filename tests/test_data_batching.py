@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.data.batching import (Batch, TokenBatchSampler, collate, cut_points, length_batches, length_groups,
-                                 pad_rows, split_for_ranks)
+from aiayn.data.batching import (
+    Batch,
+    TokenBatchSampler,
+    collate,
+    cut_points,
+    length_batches,
+    length_groups,
+    pad_rows,
+    split_for_ranks,
+)
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.errors import UserError
 

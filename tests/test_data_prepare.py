@@ -2,73 +2,20 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import pickle
-import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.dataset import ParallelDataset, load_dataset_dir, read_split_text
-from aiayn.data.prepare import PrepareOptions, prepare_dataset
+from aiayn.data.prepare import prepare_dataset
 from aiayn.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
-EN = "the a man woman dog walks runs over street house big small red blue green , . !".split()
-DE = "der die das Mann Frau Hund läuft rennt über Straße Haus groß klein rot blau grün schön , . !".split()
-_rng = random.Random(0)
-EN += ["".join(_rng.choice(["ka", "lo", "mi", "ste", "ran", "pu", "th"]) for _ in range(3)) for _ in range(60)]
-DE += ["".join(_rng.choice(["schä", "ü", "ber", "ei", "nö", "ßa", "ch"]) for _ in range(3)) for _ in range(60)]
-
-
-def sentences(words, n, seed, lo=2, hi=14):
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
-
-
-def write_lines(path: Path, lines, gz: bool = False) -> Path:
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
-
-
-@pytest.fixture
-def raw(tmp_path):
-    """Train (with an empty pair, a long pair and a lopsided pair), valid and test corpora."""
-    d = tmp_path / "raw"
-    d.mkdir()
-    src, tgt = sentences(EN, 200, 1), sentences(DE, 200, 2)
-    src[5], tgt[5] = "", "nur Ziel"  # empty source
-    src[9], tgt[9] = " ".join(["big"] * 60), " ".join(["groß"] * 60)  # too long with max_len 40
-    src[17], tgt[17] = "a", " ".join(["Hund"] * 25)  # length ratio >= 12.5
-    write_lines(d / "train.en", src, gz=True)
-    write_lines(d / "train.de", tgt, gz=True)
-    vsrc, vtgt = sentences(EN, 20, 3), sentences(DE, 20, 4)
-    vsrc[3], vtgt[3] = "", ""  # dev keeps empty lines
-    vsrc[4], vtgt[4] = "dog", " ".join(["Hund"] * 25)  # and lopsided ones
-    write_lines(d / "val.en", vsrc)
-    write_lines(d / "val.de", vtgt)
-    tsrc, ttgt = sentences(EN, 10, 5), sentences(DE, 10, 6)
-    write_lines(d / "test.en", tsrc)
-    write_lines(d / "test.de", ttgt)
-    return {"dir": d, "train": (src, tgt), "valid": (vsrc, vtgt), "test": (tsrc, ttgt)}
-
-
-def options(**kw) -> PrepareOptions:
-    base = dict(src_lang="en", tgt_lang="de", vocab_size=500, max_len=40, max_ratio=9.0)
-    base.update(kw)
-    return PrepareOptions(**base)
-
-
-def splits(d: Path) -> dict[str, ParallelSource]:
-    return {"train": ParallelSource(d / "train.en", d / "train.de"),
-            "valid": ParallelSource(d / "val.en", d / "val.de"),
-            "test": ParallelSource(d / "test.en", d / "test.de")}
+from helpers import DE, EN, REPO, TABLE, options, sentences, splits, tiny_dataset, write_lines
 
 
 def expected_filter(tok, src, tgt, max_len, max_ratio):
@@ -275,3 +222,12 @@ def test_cli_prepare_and_missing_file(raw, tmp_path):
     assert f"train: {train['pairs']} pairs" in ok.stdout
     assert f"(empty 1, NUL bytes 0, too long {f['too_long']}, length ratio {f['length_ratio']})" in ok.stdout
     assert ParallelDataset(out, "test").reference_lines() == raw["test"][1]
+
+
+def test_tiny_dataset_is_what_the_tests_assume(tmp_path):
+    data = tiny_dataset(tmp_path)
+    ds = ParallelDataset(data, "train")
+    assert len(ds) == 400 and ds.src_tokenizer.vocab_size == 25
+    src, tgt = ds.text(0)
+    assert tgt == " ".join(reversed(src.split())).translate(TABLE)
+    assert ParallelDataset(data, "valid").reference_lines()[0]

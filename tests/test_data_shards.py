@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-from test_data_prepare import options, raw, splits  # noqa: F401 (raw: a fixture)
 
 from aiayn.data import prepare as prepare_module
 from aiayn.data import shards as shards_module
@@ -18,6 +17,8 @@ from aiayn.data.dataset import ConcatArray, ParallelDataset, load_dataset_dir
 from aiayn.data.encode import PairReservoir
 from aiayn.data.prepare import prepare_dataset, work_dir
 from aiayn.data.tokenizer import Tokenizer
+
+from helpers import options, splits
 
 
 def test_concat_array_reads_like_the_concatenation():

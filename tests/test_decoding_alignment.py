@@ -11,14 +11,22 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli
-from aiayn.decoding.alignment import (SentenceAlignment, format_hard, format_soft, hard_alignment,
-                                      soft_alignment, word_index, words_of)
+from aiayn.decoding.alignment import (
+    SentenceAlignment,
+    format_hard,
+    format_soft,
+    hard_alignment,
+    soft_alignment,
+    word_index,
+    words_of,
+)
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
 from aiayn.model.io import load_model
 from aiayn.special import BOS_ID
-from conftest import reverser_model_dir
+
+from helpers import reverser_model_dir
 
 SRC = ["\u2581the", "\u2581black", "\u2581cat", "s", "</s>"]
 TGT = ["\u2581die", "\u2581schwarz", "en", "\u2581Katzen", "</s>"]

@@ -13,7 +13,8 @@ from aiayn.config import BASE
 from aiayn.decoding import beam_search, greedy_search, source_batch
 from aiayn.decoding.common import AttentionRequest, check_index
 from aiayn.special import BOS_ID
-from conftest import train_reverser
+
+from helpers import train_reverser
 
 VOCAB = 30
 

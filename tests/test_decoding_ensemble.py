@@ -18,9 +18,8 @@ from aiayn.decoding.ensemble import Ensemble, load_models
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
 from aiayn.special import BOS_ID, EOS_ID
-from conftest import reverser_model_dir, train_reverser
-from test_decoding_search import A, B, C, TableModel
-from training_fixtures import MICRO
+
+from helpers import MICRO, A, B, C, TableModel, reverser_model_dir, train_reverser
 
 # Key 20. Model 1 prefers A (.5), model 2 C (.5); both give B .45. The mean: A .275, B .45,
 # C .275, so the ensemble writes B, which neither model writes alone. Every token then ends.

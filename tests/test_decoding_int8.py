@@ -21,8 +21,8 @@ from aiayn.model.build import build_model
 from aiayn.model.int8 import Int8Linear, activation_levels, cpu_flags, quantize_model, quantize_rows
 from aiayn.model.io import load_model
 from aiayn.special import BOS_ID, EOS_ID
-from conftest import needs_int8
-from training_fixtures import MICRO
+
+from helpers import MICRO, needs_int8, reverser_model_dir, run_cli
 
 # 127 activation levels are exact only where fbgemm accumulates in int32 (AVX512-VNNI); on AVX2
 # its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/model/int8.py)
@@ -149,8 +149,6 @@ def test_int8_search_against_fp32_on_a_trained_model(tmp_path):
     # outputs, by induction over the steps. Beam: int8's best output, scored
     # by the fp32 model, loses at most 0.05 nats per token against fp32's best (stated
     # agreement: beam search is not exact, so no bound follows from DELTA alone).
-    from conftest import reverser_model_dir
-
     d = reverser_model_dir(tmp_path)
     fp32, int8 = load_model(d).model, convert(load_model(d).model, "int8")
     g = torch.Generator().manual_seed(9)
@@ -217,19 +215,22 @@ def test_precision_checks_and_activation_levels_per_cpu_kind():
 @pytest.mark.parametrize("native_bf16, device, expected", [
     (True, "cpu", "bf16"),    # AMX / AVX512-BF16
     (False, "cpu", "fp32"),   # AVX2 only: int8 was not faster end to end there
-    (False, "cuda", "bf16"),
+    (True, "cuda", "bf16"),   # Ampere or newer
+    (False, "cuda", "fp32"),  # a GPU that only emulates bf16
 ])
 def test_auto_precision_per_machine_kind(monkeypatch, native_bf16, device, expected):
-    import aiayn.training.precision as training_precision
+    """One meaning of auto for decoding and training (aiayn/precision.py)."""
+    import aiayn.precision as precision
+    from aiayn.training.precision import resolve as train_resolve
 
-    monkeypatch.setattr(training_precision, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(precision, "gpu_has_native_bf16", lambda device: native_bf16)
     assert auto_precision(device) == expected
     assert resolve("auto", device) == expected
+    assert train_resolve("auto", torch.device(device)) == expected
 
 
 def test_auto_translator_and_cli_use_this_machines_choice(model_dir, tmp_path):
-    from training_fixtures import run_cli
-
     chosen = auto_precision("cpu")
     auto = Translator(load_model(model_dir), precision="auto")
     assert auto.precision == chosen and current(auto.model) == chosen
@@ -251,20 +252,19 @@ def test_int8_refuses_the_rnn_model():
 
 
 def test_cli_precision_flags(model_dir, tmp_path):
-    from training_fixtures import run_cli
-
     r = run_cli("translate", "--model", str(model_dir), "--bf16", "--precision", "int8",
                 "--input", str(tmp_path / "none.txt"))
-    assert r.returncode == 2 and "--bf16 means --precision bf16" in r.stderr
+    assert r.returncode == 2 and "--bf16 is now --precision bf16" in r.stderr  # retired
     assert r.stderr.count("\n") == 1
+    r = run_cli("translate", "--model", str(model_dir), "--precision", "fp16")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "aiayn translate runs in auto, fp32, bf16, int8" in r.stderr
     r = run_cli("translate", "--model", str(model_dir), "--precision", "int4")
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
 @needs_int8
 def test_cli_int8_equals_the_translator(model_dir, tmp_path):
-    from training_fixtures import run_cli
-
     lines = ["the cat sat on the mat", "", "a dog runs", "die kinder spielen im garten"]
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")

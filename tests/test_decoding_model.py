@@ -13,7 +13,8 @@ import torch
 from aiayn.decoding import beam_search, greedy_search, source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
-from training_fixtures import MICRO
+
+from helpers import MICRO
 
 VOCAB = 24
 

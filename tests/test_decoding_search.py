@@ -13,63 +13,13 @@ from aiayn.decoding import beam_search, greedy_search, length_penalty, max_outpu
 from aiayn.decoding.common import next_token_logprobs, source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
-from training_fixtures import MICRO
 
-V = 10  # ids 4..9 are ordinary tokens
-A, B, C, D = 4, 5, 6, 7
+from helpers import MICRO, A, B, C, D, TableModel, V  # the table model: tests/helpers.py
 
 
 def lp(n: int, alpha: float) -> float:
     """GNMT length penalty, written out independently of the module."""
     return ((5 + n) / 6) ** alpha
-
-
-class TableCache:
-    """The fake's decoding state: each row's table key and generated prefix."""
-
-    def __init__(self, keys: list[int]):
-        self.keys = keys
-        self.prefixes: list[tuple[int, ...]] = [() for _ in keys]
-        self.length = 0
-
-    def reorder(self, index: torch.Tensor, cross_index=True) -> None:
-        # `keys` plays the cross-attention state (per source), `prefixes` the self-attention one
-        self.prefixes = [self.prefixes[i] for i in index.tolist()]
-        if cross_index is not None:
-            ci = index if cross_index is True else cross_index
-            self.keys = [self.keys[i] for i in ci.tolist()]
-
-
-class TableModel:
-    """The model API (encode / new_cache / decode_step / cache.reorder) with next-token
-    probabilities p(token | prefix) read from `tables[first source token]`: a dict from the
-    generated prefix (no BOS) to {token: probability}, or a function of the prefix. A prefix not
-    in a dict ends: {EOS: 1}. Counts decode_step calls in `steps`."""
-
-    def __init__(self, tables: dict):
-        self.tables = tables
-        self.steps = 0
-
-    def encode(self, src, src_mask=None):
-        return src  # the "memory" is the source itself: its first token selects the table
-
-    def new_cache(self, memory, src_mask):
-        return TableCache([int(row[0]) for row in memory])
-
-    def decode_step(self, tokens, cache):
-        self.steps += 1
-        out = torch.full((tokens.size(0), V), float("-inf"))
-        for i, tok in enumerate(tokens[:, 0].tolist()):
-            if cache.length == 0:
-                assert tok == BOS_ID
-            else:
-                cache.prefixes[i] = cache.prefixes[i] + (tok,)
-            table = self.tables[cache.keys[i]]
-            dist = table(cache.prefixes[i]) if callable(table) else table.get(cache.prefixes[i], {EOS_ID: 1.0})
-            for t, p in dist.items():
-                out[i, t] = math.log(p)
-        cache.length += 1
-        return out
 
 
 # Key 10: the length penalty decides. [A] EOS has p = .6 * .5 = .3 (|Y| = 2); [B, B, B] EOS has

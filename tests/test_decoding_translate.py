@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.decoding.translate import Translator, search_batched, SearchOptions
+from aiayn.decoding.translate import SearchOptions, Translator, search_batched
 from aiayn.model.io import load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,8 +78,11 @@ def test_translator_nbest_and_greedy(loaded):
 
 
 def _cli(*args, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """`aiayn translate` in fp32, as the Translators it is compared with (the CLI's default,
+    auto, is bf16 on a CPU with native bf16); a --precision in `args` comes later and wins."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "aiayn", "translate", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "aiayn", "translate", "--precision", "fp32",
+                           *map(str, args)],
                           input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120)
 
 

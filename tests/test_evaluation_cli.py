@@ -21,7 +21,8 @@ HYPS = ["Die Kreuz-Reise war schön.", "Ein Mann mit rotem Hut steht an der Stra
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aiayn", "evaluate", *args], cwd=ROOT,
+    """`aiayn evaluate ARGS --lang de` (these references are German and lie in no dataset)."""
+    return subprocess.run([sys.executable, "-m", "aiayn", "evaluate", *args, "--lang", "de"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -72,11 +73,11 @@ def test_mismatched_line_counts_exit_2_with_one_line_and_no_traceback(files, tmp
 
 def test_missing_file_and_bad_utf8_are_user_errors(files, tmp_path, capsys):
     hyp, ref = files
-    assert cli_main(["evaluate", "--hyp", str(tmp_path / "nope"), "--ref", str(ref)]) == 2
+    assert cli_main(["evaluate", "--hyp", str(tmp_path / "nope"), "--ref", str(ref), "--lang", "de"]) == 2
     assert "nope" in capsys.readouterr().err
     bad = tmp_path / "bad.de"
     bad.write_bytes(REFS[0].encode() + b"\n" + b"Stra\xdfe\n" + REFS[2].encode() + b"\n")
-    assert cli_main(["evaluate", "--hyp", str(bad), "--ref", str(ref)]) == 2
+    assert cli_main(["evaluate", "--hyp", str(bad), "--ref", str(ref), "--lang", "de"]) == 2
     err = capsys.readouterr().err.strip()
     assert str(bad) in err and re.search(r":2:|line 2", err) and "UTF-8" in err and "\n" not in err
 
@@ -88,7 +89,7 @@ def test_line_reading_details(tmp_path, capsys):
     hyp.write_bytes(("\ufeff" + HYPS[0] + "\r\n" + HYPS[1] + "\u2028\r\n" + HYPS[2]).encode())
     ref = tmp_path / "r"
     ref.write_text("\n".join(REFS) + "\n", encoding="utf-8")
-    assert cli_main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json"]) == 0
+    assert cli_main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json", "--lang", "de"]) == 0
     assert json.loads(capsys.readouterr().out)["lines"] == 3
 
 
@@ -96,7 +97,7 @@ def test_empty_files_score_zero(tmp_path, capsys):
     (tmp_path / "h").write_text("")
     (tmp_path / "r").write_text("")
     assert cli_main(["evaluate", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"),
-                     "--json"]) == 0
+                     "--json", "--lang", "de"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["lines"] == 0
     assert d["sacrebleu"]["score"] == d["chrf"]["score"] == d["tokenized_bleu"]["score"] == 0.0
@@ -115,7 +116,7 @@ def test_reference_perplexity_under_a_model_matches_one_at_a_time(model_dir, tmp
     (tmp_path / "s.txt").write_text("\n".join(srcs) + "\n")
     (tmp_path / "r.txt").write_text("\n".join(refs) + "\n")
     assert cli_main(["evaluate", "--ref", str(tmp_path / "r.txt"), "--src", str(tmp_path / "s.txt"),
-                     "--model", str(model_dir), "--json"]) == 0
+                     "--model", str(model_dir), "--json", "--precision", "fp32"]) == 0
     got = json.loads(capsys.readouterr().out)["perplexity"]
 
     m = load_model(model_dir)

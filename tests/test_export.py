@@ -23,7 +23,7 @@ from aiayn.model import build_model
 from aiayn.model.io import load_model, save_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
-from conftest import reverser_model_dir as _model_dir
+from helpers import reverser_model_dir as _model_dir
 
 MAX_LEN = 10
 # aiayn's searches never emit PAD or BOS; CTranslate2 must be told (see aiayn/model/export_ct2.py).
@@ -71,7 +71,8 @@ def exported(request, tmp_path_factory):
     ctranslate2 = _ct2()
     root = tmp_path_factory.mktemp(request.param)
     model_dir = _model_dir(root, **VARIANTS[request.param])
-    assert cli_main(["export", "--format", "ctranslate2", str(model_dir), str(root / "ct2")]) == 0
+    assert cli_main(["export", "--format", "ctranslate2", "--model", str(model_dir), "--out",
+                     str(root / "ct2")]) == 0
     translator = ctranslate2.Translator(str(root / "ct2"), device="cpu", intra_threads=1)
     return load_model(model_dir), translator, root / "ct2"
 
@@ -132,8 +133,8 @@ def test_builtin_sinusoids_would_differ(exported, tmp_path):
 
 def test_int8_export_translates(model_dir, tmp_path):
     ctranslate2 = _ct2()
-    assert cli_main(["export", "--format", "ctranslate2", "--quantization", "int8", str(model_dir),
-                     str(tmp_path / "q")]) == 0
+    assert cli_main(["export", "--format", "ctranslate2", "--precision", "int8", "--model",
+                     str(model_dir), "--out", str(tmp_path / "q")]) == 0
     translator = ctranslate2.Translator(str(tmp_path / "q"), device="cpu", compute_type="int8")
     out = translator.translate_batch([["▁the", "▁cat"]], beam_size=2, max_decoding_length=5)
     assert 1 <= len(out[0].hypotheses[0]) <= 5
@@ -144,7 +145,7 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
     out = tmp_path / "ct2"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
-    args = ["export", "--format", "ctranslate2", str(model_dir), str(out)]
+    args = ["export", "--format", "ctranslate2", "--model", str(model_dir), "--out", str(out)]
     assert cli_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "--overwrite" in err and "\n" not in err
@@ -158,8 +159,8 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
     out.rmdir()
     assert cli_main(args) == 0 and cli_main(args + ["--overwrite"]) == 0
     assert (out / "model.bin").exists()
-    assert cli_main(["export", "--format", "ctranslate2", "--overwrite", str(model_dir),
-                     str(model_dir)]) == 2  # never over the model itself
+    assert cli_main(["export", "--format", "ctranslate2", "--overwrite", "--model", str(model_dir),
+                     "--out", str(model_dir)]) == 2  # never over the model itself
     assert "model directory itself" in capsys.readouterr().err
 
 
@@ -177,7 +178,8 @@ def test_unsupported_options_are_user_errors(model_dir, tmp_path, capsys, overri
     # Through the CLI: one line, exit status 2, nothing written.
     torch.manual_seed(0)
     bad = save_model(tmp_path / "bad", build_model(cfg), cfg, {"spm.model": model_dir / "spm.model"})
-    assert cli_main(["export", "--format", "ctranslate2", str(bad), str(tmp_path / "out")]) == 2
+    assert cli_main(["export", "--format", "ctranslate2", "--model", str(bad), "--out",
+                     str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert option in err and "\n" not in err
     assert not (tmp_path / "out").exists()
@@ -185,6 +187,7 @@ def test_unsupported_options_are_user_errors(model_dir, tmp_path, capsys, overri
 
 def test_missing_ctranslate2_says_how_to_install(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import now raises ImportError
-    assert cli_main(["export", "--format", "ctranslate2", str(model_dir), str(tmp_path / "o")]) == 2
+    assert cli_main(["export", "--format", "ctranslate2", "--model", str(model_dir), "--out",
+                     str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "pip install 'aiayn[export]'" in err and "\n" not in err

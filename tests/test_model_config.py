@@ -10,7 +10,8 @@ from dataclasses import fields, replace
 import pytest
 
 from aiayn import BASE, PRESETS, Config, UserError, count_parameters, get_preset, load_config
-from training_fixtures import MICRO
+
+from helpers import MICRO
 
 TABLE3_DELTAS = {  # row -> the fields the paper's Table 3 changes from base
     "A1": dict(n_heads=1, d_k=512, d_v=512), "A4": dict(n_heads=4, d_k=128, d_v=128),

@@ -11,7 +11,8 @@ import torch
 from aiayn import Transformer
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.embedding import sinusoidal_table
-from training_fixtures import MICRO
+
+from helpers import MICRO
 
 MICRO = replace(MICRO, vocab_size=40, p_drop=0.0)
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from aiayn import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
-from training_fixtures import MICRO
+
+from helpers import MICRO
 
 N_SYMBOLS, MIN_LEN, MAX_LEN = 10, 3, 7
 VOCAB = 4 + N_SYMBOLS

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from aiayn.config import BASE
-from aiayn.presets import load_config
 from aiayn.decoding.beam import beam_search
 from aiayn.decoding.greedy import greedy_search
 from aiayn.model import build_model, count_parameters, flops_per_target_token
 from aiayn.model.rnn import RNNSearch
+from aiayn.presets import load_config
 from aiayn.special import PAD_ID
+
+from helpers import tiny_dataset
 
 CFG = replace(BASE, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5, rnn_attn=7, p_drop=0.0)
 
@@ -137,7 +139,6 @@ def test_untied_vocabularies_and_counts():
 @pytest.fixture(scope="module")
 def rnn_run(tmp_path_factory):
     from aiayn.training.trainer import TrainOptions, train
-    from training_fixtures import tiny_dataset
 
     root = tmp_path_factory.mktemp("rnn")
     data = tiny_dataset(root)

@@ -10,7 +10,8 @@ import pytest
 
 from aiayn.config import PRESETS
 from aiayn.model.counting import TABLE2, flops_per_target_token, training_flops
-from training_fixtures import run_cli
+
+from helpers import run_cli
 
 
 def test_the_papers_count_gives_table2():

@@ -9,7 +9,8 @@ from nltk.tree import Tree
 from aiayn.parsing.augment import phrase_positions, substitute
 from aiayn.parsing.treebank import tree_line
 from aiayn.recipes.parsing import write_corpus
-from test_parsing_cli import _zip, aiayn  # noqa: F401 (aiayn: a fixture)
+
+from helpers import treebank_zip
 
 A = "(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"
 B = "(S (NP (PRP It)) (VP (VBD ran) (ADVP (RB away))) (. .))"
@@ -70,10 +71,10 @@ def test_the_same_seed_gives_the_same_trees():
 
 
 def test_corpus_with_augment_appends_new_trees_and_counts_words_on_the_treebank(tmp_path):
-    plain = write_corpus(_zip(tmp_path), tmp_path / "plain", "train=1,test=2", slots="words",
+    plain = write_corpus(treebank_zip(tmp_path), tmp_path / "plain", "train=1,test=2", slots="words",
                          signatures=2)
     out = tmp_path / "aug"
-    info = write_corpus(_zip(tmp_path), out, "train=1,test=2", slots="words", signatures=2,
+    info = write_corpus(treebank_zip(tmp_path), out, "train=1,test=2", slots="words", signatures=2,
                         augment=3, augment_seed=5)
     words = (out / "train.words").read_text().splitlines()
     made = info["counts"]["train"]["augmented"]
@@ -96,10 +97,10 @@ def test_corpus_with_augment_appends_new_trees_and_counts_words_on_the_treebank(
 
 def test_treebank_command_augments(tmp_path, aiayn):
     out = tmp_path / "corpus"
-    r = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", out, "--splits", "train=1,test=2",
+    r = aiayn("treebank", "--treebank", treebank_zip(tmp_path), "--out", out, "--splits", "train=1,test=2",
               "--augment", "2")
     assert r[0] == 0, r[2]
     assert "made by --augment" in r[1]
-    bad = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", tmp_path / "b",
+    bad = aiayn("treebank", "--treebank", treebank_zip(tmp_path), "--out", tmp_path / "b",
                 "--augment", "-1")
     assert bad[0] == 2 and "--augment" in bad[2] and bad[2].count("\n") == 1

@@ -18,12 +18,21 @@ from aiayn.cli import main
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.data import Vocabulary
 from aiayn.parsing.chart.files import ChartModel, load_chart, write_model_dir
-from aiayn.parsing.chart.model import (CHAR_SPECIALS, SPECIALS, CharEncoder, SpanParser, char_ids, encode,
-                                       model_words, span_targets)
+from aiayn.parsing.chart.model import (
+    CHAR_SPECIALS,
+    SPECIALS,
+    CharEncoder,
+    SpanParser,
+    char_ids,
+    encode,
+    model_words,
+    span_targets,
+)
 from aiayn.parsing.chart.parse import chart_parse
 from aiayn.parsing.chart.trees import NONE, cky, decode_tree, span_votes, spans_to_tree, tree_spans
 from aiayn.parsing.signatures import signature
-from training_fixtures import SMALL_CHART, TREES, tiny_treebank_corpus
+
+from helpers import SMALL_CHART, TREES, run_cli, tiny_treebank_corpus, train_until_killed
 
 
 def xx(line: str) -> str:
@@ -270,8 +279,6 @@ def test_a_killed_chart_run_resumes_to_the_same_weights(tmp_path):
     """SIGKILL after the first checkpoint, then --resume: the uninterrupted run's weights,
     bit for bit (dropout on)."""
     from safetensors.torch import load_file
-
-    from training_fixtures import run_cli, train_until_killed
 
     corpus = tiny_treebank_corpus(tmp_path / "corpus", copies=8)
     common = ["--data", str(corpus), "--preset", "parsing-chart-small", "--set", *SMALL_CHART,

@@ -3,7 +3,6 @@ a random model (its outputs are garbage, its trees must still be over exactly th
 `aiayn evalb`, and the parsing presets through get_preset."""
 
 import json
-import zipfile
 from dataclasses import replace
 
 import pytest
@@ -11,35 +10,15 @@ import torch
 from nltk.tree import Tree
 
 from aiayn.config import BASE
-from aiayn.presets import all_presets, get_preset
 from aiayn.parsing.parse import parse_lines, trees_from_outputs
-from test_parsing_treebank import FILE_A, FILE_B
+from aiayn.presets import all_presets, get_preset
 
-from aiayn.cli import main
-
-
-@pytest.fixture
-def aiayn(capsys):
-    """`aiayn ARGS` in this process: (exit status, stdout, stderr)."""
-    def run(*args):
-        code = main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return code, out, err
-    return run
-
-
-def _zip(tmp_path):
-    z = tmp_path / "tb.zip"
-    with zipfile.ZipFile(z, "w") as f:
-        f.writestr("treebank/combined/wsj_0001.mrg", FILE_A)
-        f.writestr("treebank/combined/wsj_0002.mrg", FILE_B)
-        f.writestr("treebank/tagged/wsj_0001.pos", "[ The/DT cat/NN ]")
-    return z
+from helpers import treebank_zip
 
 
 def test_treebank_command_writes_aligned_corpus_files(tmp_path, aiayn):
     out = tmp_path / "corpus"
-    r = aiayn("treebank", "--treebank", str(_zip(tmp_path)), "--out", str(out),
+    r = aiayn("treebank", "--treebank", str(treebank_zip(tmp_path)), "--out", str(out),
                 "--splits", "train=1,test=2")
     assert r[0] == 0, r[2]
     assert (out / "train.words").read_text().splitlines() == ["The cat was seen on the mat .", "It ran ."]
@@ -50,13 +29,13 @@ def test_treebank_command_writes_aligned_corpus_files(tmp_path, aiayn):
     # words in the target, only the 2 commonest training words ("." twice, then "The", first of
     # the words seen once) written, the others XX
     w = tmp_path / "words"
-    r = aiayn("treebank", "--treebank", str(_zip(tmp_path)), "--out", str(w), "--splits",
+    r = aiayn("treebank", "--treebank", str(treebank_zip(tmp_path)), "--out", str(w), "--splits",
               "train=1,test=2", "--slots", "words", "--target-words", "2")
     assert r[0] == 0, r[2]
     assert (w / "train.tree").read_text().splitlines()[1] == "(S (NP XX )NP (VP XX )VP . )S"
     assert (w / "test.tree").read_text().startswith("(SINV (S (VP XX )VP )S XX (VP XX )VP (NP XX )NP . )SINV")
     assert (w / "train.tree").read_text().startswith("(S (NP The XX )NP")
-    again = aiayn("treebank", "--treebank", str(_zip(tmp_path)), "--out", str(out))
+    again = aiayn("treebank", "--treebank", str(treebank_zip(tmp_path)), "--out", str(out))
     assert again[0] == 2 and "--overwrite" in again[2]
     missing = aiayn("treebank", "--treebank", str(tmp_path / "nope.zip"), "--out", str(out))
     assert missing[0] == 2 and missing[2].count("\n") == 1

@@ -7,7 +7,8 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.parsing.parse import parse_lines
 from aiayn.parsing.signatures import model_inputs, replace_rare, signature
 from aiayn.recipes.parsing import write_corpus
-from test_parsing_cli import _zip, aiayn  # noqa: F401 (aiayn: a fixture)
+
+from helpers import treebank_zip
 
 
 @pytest.mark.parametrize("word, want", [
@@ -54,7 +55,7 @@ def test_model_inputs_leave_a_byte_fallback_vocabulary_alone():
 
 def test_corpus_source_with_signatures_matches_the_parse_time_mapping(tmp_path):
     out = tmp_path / "corpus"
-    info = write_corpus(_zip(tmp_path), out, "train=1,test=2", signatures=2)
+    info = write_corpus(treebank_zip(tmp_path), out, "train=1,test=2", signatures=2)
     # only "." is seen twice in training; "," is never seen
     assert (out / "train.src").read_text().splitlines() == [
         "UNK-Cap UNK UNK UNK UNK UNK UNK .", "UNK-Cap UNK ."]
@@ -72,7 +73,7 @@ def test_corpus_source_with_signatures_matches_the_parse_time_mapping(tmp_path):
     # with the words in the target: a word written as a signature is XX there, so the
     # vocabulary holds a word only when the source does, and parsing reads what training read
     w = tmp_path / "words"
-    info = write_corpus(_zip(tmp_path), w, "train=1,test=2", slots="words", target_words=3,
+    info = write_corpus(treebank_zip(tmp_path), w, "train=1,test=2", slots="words", target_words=3,
                         signatures=2)
     # ("The" and "cat" are among the 3 commonest but seen once: XX)
     assert (w / "train.tree").read_text().startswith("(S (NP XX XX )NP")
@@ -82,7 +83,7 @@ def test_corpus_source_with_signatures_matches_the_parse_time_mapping(tmp_path):
         words = (w / f"{split}.words").read_text().splitlines()
         assert model_inputs(words, tok) == (w / f"{split}.src").read_text().splitlines()
     # without signatures there is no .src file
-    write_corpus(_zip(tmp_path), tmp_path / "plain", "train=1,test=2")
+    write_corpus(treebank_zip(tmp_path), tmp_path / "plain", "train=1,test=2")
     assert not (tmp_path / "plain" / "train.src").exists()
 
 
@@ -102,10 +103,10 @@ def test_parse_lines_give_the_model_signatures_and_build_trees_over_the_words(wo
 
 def test_treebank_command_writes_the_model_source(tmp_path, aiayn):
     out = tmp_path / "corpus"
-    r = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", out, "--splits", "train=1,test=2",
+    r = aiayn("treebank", "--treebank", treebank_zip(tmp_path), "--out", out, "--splits", "train=1,test=2",
               "--signatures", "2")
     assert r[0] == 0, r[2]
     assert "16 pieces" in r[1]
     assert (out / "test.src").read_text() == "UNK-Cap UNK UNK UNK-Cap .\n"
-    bad = aiayn("treebank", "--treebank", _zip(tmp_path), "--out", tmp_path / "b", "--signatures", "-1")
+    bad = aiayn("treebank", "--treebank", treebank_zip(tmp_path), "--out", tmp_path / "b", "--signatures", "-1")
     assert bad[0] == 2 and "--signatures" in bad[2] and bad[2].count("\n") == 1

@@ -18,19 +18,7 @@ from aiayn.parsing.treebank import (
     tree_line,
 )
 
-# Two PTB-style files, as the treebank writes them: outer empty brackets, traces, function tags.
-FILE_A = """( (S
-    (NP-SBJ-1 (DT The) (NN cat) )
-    (VP (VBD was)
-      (VP (VBN seen)
-        (NP (-NONE- *-1) )
-        (PP-LOC (IN on) (NP (DT the) (NN mat) ))))
-    (. .) ))
-( (S (NP-SBJ (PRP It)) (VP (VBD ran) (-NONE- *T*-2)) (. .)) )
-"""
-FILE_B = """( (SINV (S-TPC-2 (NP-SBJ (-NONE- *)) (VP (VB Go) )) (, ,) (VP (VBD said) (S (-NONE- *T*-2)))
-  (NP-SBJ=3 (NNP Ann) ) (. .) ))
-"""
+from helpers import FILE_A, FILE_B  # two hand-written PTB files
 
 
 def _write_dir(root):

@@ -69,9 +69,9 @@ def test_download_cli_error_is_one_line(tmp_path):
 
 # --- over HTTP, resumably (a local server on 127.0.0.1) -----------------------------------------
 
-from http_fixtures import serve  # noqa: E402
-
 from aiayn.recipes.download import Remote, fetch, part_path  # noqa: E402
+
+from helpers import serve  # noqa: E402
 
 BLOB = bytes(range(256)) * 40  # 10,240 bytes
 

@@ -15,14 +15,15 @@ from safetensors.torch import load_file
 
 from aiayn.cli import main as cli_main
 from aiayn.config import PRESETS
-from aiayn.presets import get_preset, load_config
 from aiayn.errors import UserError
+from aiayn.presets import get_preset, load_config
 from aiayn.recipes import table3_study as study
 from aiayn.recipes.table3 import CLAIMS, PAPER_TABLE3, ROWS, TABLE3, row_config
 from aiayn.recipes.table3_plot import spread
 from aiayn.recipes.table3_report import Noise, judge, noise, report, verdict
 from aiayn.training import step as step_module
-from training_fixtures import SMALL, tiny_dataset
+
+from helpers import SMALL, tiny_dataset
 
 # Worked out by hand from Table 3 with N x 1/2 and widths x 1/4 (study base: N 3, d_model 128,
 # d_ff 512, h 8, d_k = d_v = 16): (n_layers, d_model, d_ff, h, d_k, d_v, p_drop, eps_ls, positions)
@@ -277,7 +278,7 @@ def test_a_study_with_other_settings_is_refused(whole, data, capsys):
     assert cli_main(args) == 2  # the table3 preset's settings, not the tiny study's
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("aiayn study: error:") and "updates" in err
-    for bad in (["--rows", "F"], ["--updates", "0"]):
+    for bad in (["--rows", "F"], ["--max-steps", "0"]):
         assert cli_main(["study", "table3", "--data", str(data), "--out", str(out), *bad]) == 2
         assert capsys.readouterr().err.count("\n") == 1
     assert cli_main(["study", "table3", "--out", str(out / "none"), "--report-only"]) == 2

@@ -13,7 +13,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from http_fixtures import serve
 
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.dataset import ParallelDataset
@@ -21,6 +20,8 @@ from aiayn.data.prepare import PrepareOptions, prepare_dataset
 from aiayn.errors import UserError
 from aiayn.recipes.download import Remote
 from aiayn.recipes.wmt14 import ARCHIVES, download_wmt14, write_text_lines
+
+from helpers import serve
 
 REPO = Path(__file__).resolve().parents[1]
 

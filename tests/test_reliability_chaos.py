@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from training_fixtures import REPO
+from helpers import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 

@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn import io
+from aiayn import checks
 from aiayn.cli import main as cli_main
 from aiayn.config import BASE, Config
-from aiayn.presets import load_config
-from aiayn.data.dataset import ParallelDataset, idx_file, ids_file, load_dataset_dir
+from aiayn.data.dataset import ParallelDataset, ids_file, idx_file, load_dataset_dir
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, read_config
+from aiayn.presets import load_config
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.trainer import TrainOptions, train
-from training_fixtures import SMALL, tiny_dataset, trainer_state
+
+from helpers import SMALL, tiny_dataset, trainer_state
 
 
 @pytest.fixture(scope="module")
@@ -254,4 +255,4 @@ def test_a_trainer_state_that_does_not_fit_the_model_is_one_line(tmp_path, prist
     torch.save(state, run / "last" / ckpt.TRAINER_STATE)
     with pytest.raises(UserError, match=r"trainer_state.pt: does not fit this run \("):
         train(None, pristine, run, TrainOptions(**{**opts.__dict__, "resume": True, "max_steps": 3}))
-    assert io.read_json(run / "summary.json")["steps"] == 2
+    assert checks.read_json(run / "summary.json")["steps"] == 2

@@ -16,20 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from aiayn import io
+from aiayn import files, locks
 from aiayn.cli import main as cli_main
-from aiayn.presets import load_config
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
 from aiayn.errors import OutputError, UserError
 from aiayn.model import io as model_io
+from aiayn.presets import load_config
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.trainer import TrainOptions, train
-from training_fixtures import REPO, SMALL, dead_pid, tiny_dataset
+
+from helpers import REPO, SMALL, dead_pid, tiny_dataset
 
 HOLD = """
 import sys, time
-from aiayn.io import exclusive_lock
+from aiayn.locks import exclusive_lock
 with exclusive_lock(sys.argv[1], "a test holder"):
     print("held", flush=True)
     time.sleep(600)
@@ -69,16 +70,16 @@ def test_a_lock_is_refused_with_the_holders_pid_and_freed_when_it_is_killed(tmp_
     holder = hold_lock(target)
     try:
         with pytest.raises(UserError, match=rf"{target} is in use by a test holder \(PID {holder.pid}\)"):
-            with io.exclusive_lock(target):
+            with locks.exclusive_lock(target):
                 pass
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    with io.exclusive_lock(target, "me") as lock:  # the kernel released the killed holder's lock
+    with locks.exclusive_lock(target, "me") as lock:  # the kernel released the killed holder's lock
         assert lock.read_text() == f"{os.getpid()} me\n"
         # one process, two opens: still refused (an flock belongs to the open file)
         with pytest.raises(UserError, match=f"PID {os.getpid()}"):
-            with io.exclusive_lock(target):
+            with locks.exclusive_lock(target):
                 pass
     assert not lock.exists()  # released and removed
 
@@ -94,16 +95,16 @@ def test_a_lock_file_deleted_by_its_releasing_holder_is_never_held(tmp_path, mon
 
     def released_meanwhile(fd, op):
         if not calls:
-            os.unlink(io.lock_path(target))  # the previous holder's release, just before our flock
+            os.unlink(locks.lock_path(target))  # the previous holder's release, just before our flock
         calls.append(op)
         return real_flock(fd, op)
 
-    monkeypatch.setattr(io.fcntl, "flock", released_meanwhile)
-    with io.exclusive_lock(target, "first"):
+    monkeypatch.setattr(locks.fcntl, "flock", released_meanwhile)
+    with locks.exclusive_lock(target, "first"):
         assert len(calls) == 2  # locked the deleted file, noticed, locked the new one
-        monkeypatch.setattr(io.fcntl, "flock", real_flock)
+        monkeypatch.setattr(locks.fcntl, "flock", real_flock)
         with pytest.raises(UserError, match=f"in use by first \\(PID {os.getpid()}\\)"):
-            with io.exclusive_lock(target, "second"):
+            with locks.exclusive_lock(target, "second"):
                 pass
 
 
@@ -175,14 +176,14 @@ SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device 
 
 
 def test_io_error_codes_of_python_and_of_libraries():
-    assert io.io_error_code(OSError(errno.ENOSPC, "No space left on device")) == errno.ENOSPC
+    assert files.io_error_code(OSError(errno.ENOSPC, "No space left on device")) == errno.ENOSPC
     # safetensors (Rust) reports the OS error inside its message, as Display or as Debug
-    assert io.io_error_code(RuntimeError(SAFETENSORS_FULL)) == errno.ENOSPC
+    assert files.io_error_code(RuntimeError(SAFETENSORS_FULL)) == errno.ENOSPC
     debug = 'IoError(Os { code: 27, kind: FileTooLarge, message: "File too large" })'
-    assert io.io_error_code(RuntimeError(debug)) == errno.EFBIG
-    assert io.io_error_code(RuntimeError("[Errno 13] Permission denied: 'x'")) == errno.EACCES
-    assert io.io_error_code(ValueError("a bug")) is None
-    e = io.output_error("out/x", OSError(errno.ENOSPC, "No space left on device"))
+    assert files.io_error_code(RuntimeError(debug)) == errno.EFBIG
+    assert files.io_error_code(RuntimeError("[Errno 13] Permission denied: 'x'")) == errno.EACCES
+    assert files.io_error_code(ValueError("a bug")) is None
+    e = files.output_error("out/x", OSError(errno.ENOSPC, "No space left on device"))
     assert str(e) == ("cannot write out/x: No space left on device; free some disk space, then run "
                       "the command again")
 
@@ -202,12 +203,12 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_says_so(tmp_path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with pytest.raises(OutputError, match=f"cannot write {out}: No space left on device; free some disk space"):
-        with io.atomic_write(out) as f:
+        with files.atomic_write(out) as f:
             FullDisk(f).write("new\n")
     assert out.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["out.txt"]
     # a bug inside the block is not disguised as an I/O failure
     with pytest.raises(ZeroDivisionError):
-        with io.atomic_write(out) as f:
+        with files.atomic_write(out) as f:
             1 / 0
     assert out.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["out.txt"]
 
@@ -340,25 +341,25 @@ def test_any_other_io_failure_is_one_line_too(monkeypatch, capsys, tmp_path):
 def test_temporaries_of_dead_processes_are_removed_and_others_kept(tmp_path):
     out = tmp_path / "out.txt"
     dead, live = dead_pid(), os.getppid()
-    stale_file = io.temp_path(out, pid=dead)
+    stale_file = files.temp_path(out, pid=dead)
     stale_file.write_text("half")
-    stale_dir = io.temp_path(tmp_path / "ds", pid=dead)
+    stale_dir = files.temp_path(tmp_path / "ds", pid=dead)
     stale_dir.mkdir()
     (stale_dir / "x.npy").write_bytes(b"\0")
-    alive = io.temp_path(out, pid=live)
+    alive = files.temp_path(out, pid=live)
     alive.write_text("being written")
     other_host = tmp_path / f".out.txt.{dead}@00000000.ab.tmp"
     other_host.write_text("")
     user_file = tmp_path / ".out.txt.notes.tmp"  # not one of ours
     user_file.write_text("")
     # a previous version set aside by an interrupted swap is put back where its output is missing
-    set_aside = io.temp_path(tmp_path / "model", "old", pid=dead)
+    set_aside = files.temp_path(tmp_path / "model", "old", pid=dead)
     set_aside.mkdir()
-    assert io.is_temporary(stale_file.name) and not io.is_temporary(user_file.name)
+    assert files.is_temporary(stale_file.name) and not files.is_temporary(user_file.name)
 
-    assert io.remove_stale_temporaries(tmp_path, "out.txt") == [stale_file]
+    assert files.remove_stale_temporaries(tmp_path, "out.txt") == [stale_file]
     assert stale_dir.exists()
-    assert sorted(io.remove_stale_temporaries(tmp_path)) == [stale_dir]
+    assert sorted(files.remove_stale_temporaries(tmp_path)) == [stale_dir]
     assert (tmp_path / "model").is_dir() and not set_aside.exists()
     assert alive.exists() and other_host.exists() and user_file.exists()
 
@@ -367,7 +368,7 @@ def test_a_later_run_cleans_what_killed_writers_left(tmp_path, model_dir):
     """A killed prepare leaves a hidden directory, a killed translate a 0-byte file: the next
     command into the same output removes them (here, through the writers and the lock)."""
     out = tmp_path / "hyp.txt"
-    left = io.temp_path(out, pid=dead_pid())
+    left = files.temp_path(out, pid=dead_pid())
     left.write_bytes(b"")
     (tmp_path / "src.txt").write_text("a b\n", encoding="utf-8")
     assert cli_main(["translate", "--model", str(model_dir), "--input", str(tmp_path / "src.txt"),
@@ -375,10 +376,10 @@ def test_a_later_run_cleans_what_killed_writers_left(tmp_path, model_dir):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.txt", "src.txt"]
 
     ds = tmp_path / "ds"
-    left = io.temp_path(ds, pid=dead_pid())
+    left = files.temp_path(ds, pid=dead_pid())
     left.mkdir()
     (left / "train.src.ids.npy").write_bytes(b"\0" * 10)
-    with io.exclusive_lock(ds):
+    with locks.exclusive_lock(ds):
         assert not left.exists()
 
 
@@ -387,14 +388,14 @@ def test_write_dir_atomically_swaps_in_one_step_and_never_follows_links(tmp_path
     outside.mkdir()
     (outside / "keep").write_text("mine")
     d = tmp_path / "d"
-    io.write_dir_atomically(d, lambda t: (t / "a").write_text("1"))
-    io.write_dir_atomically(d, lambda t: (t / "a").write_text("2"))
+    files.write_dir_atomically(d, lambda t: (t / "a").write_text("1"))
+    files.write_dir_atomically(d, lambda t: (t / "a").write_text("2"))
     assert (d / "a").read_text() == "2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "outside"]
     link = tmp_path / "link"
     link.symlink_to(outside)
-    io.write_dir_atomically(link, lambda t: (t / "a").write_text("3"))  # replaces the link itself
-    io.delete_atomically(link)
+    files.write_dir_atomically(link, lambda t: (t / "a").write_text("3"))  # replaces the link itself
+    files.delete_atomically(link)
     assert (outside / "keep").read_text() == "mine" and not os.path.lexists(link)
 
 

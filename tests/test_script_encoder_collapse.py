@@ -14,8 +14,9 @@ from aiayn.data.batching import collate
 from aiayn.decoding.common import source_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-collapse = pytest.importorskip("encoder_collapse")
-from conftest import MICRO, train_reverser  # noqa: E402
+import encoder_collapse as collapse  # noqa: E402
+
+from helpers import MICRO, reverser_model_dir, train_reverser  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,6 @@ def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser):
 
 
 def test_cli_prints_the_table_and_rejects_a_missing_file(tmp_path, capsys):
-    from conftest import reverser_model_dir
-
     model = reverser_model_dir(tmp_path / "m")
     src = tmp_path / "src.txt"
     src.write_text("hello world\nthe cat sat\n", encoding="utf-8")

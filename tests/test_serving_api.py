@@ -16,8 +16,8 @@ from aiayn.model.io import load_model
 from aiayn.serving.app import create_app, key_matches
 from aiayn.serving.engine import Engine
 from aiayn.serving.settings import ServeSettings
-from conftest import needs_int8
-from serving_helpers import GatedEngine, wait_until
+
+from helpers import GatedEngine, needs_int8, wait_until
 
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die katze", "ein hund läuft im park",
          "the children play in the garden", "the mat", "a dog"]

@@ -21,7 +21,8 @@ import pytest
 from aiayn.model.io import load_model
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
-from serving_helpers import GatedEngine, serve_in_thread, wait_until
+
+from helpers import GatedEngine, serve_in_thread, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die katze sitzt auf der matte"]

@@ -12,7 +12,8 @@ from aiayn.decoding.translate import Translator
 from aiayn.model.io import load_model
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
-from serving_helpers import AttentionEngine, chrome, serve_in_thread
+
+from helpers import AttentionEngine, chrome, serve_in_thread
 
 SENTENCE = "the cat sat on the mat"
 

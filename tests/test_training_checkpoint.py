@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from aiayn import files
 from aiayn.cli import main as cli_main
-from aiayn import io
 from aiayn.errors import UserError
 from aiayn.model.io import load_model, save_model
 from aiayn.model.transformer import Transformer
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.average import average_checkpoints, average_state_dicts
-from training_fixtures import MICRO, dead_pid, tiny_dataset, trainer_state
+
+from helpers import MICRO, dead_pid, tiny_dataset, trainer_state
 
 
 def test_average_of_two_known_state_dicts():
@@ -115,7 +116,7 @@ def test_checkpoints_prune_point_and_survive_an_interrupted_write(tmp_path, spm,
     # leftover temporary directories (as after SIGKILL; of this version and an earlier one) are
     # never taken for checkpoints, and are removed
     (tmp_path / "checkpoints" / ".step_000006.abc.tmp").mkdir()
-    os.mkdir(io.temp_path(tmp_path / "checkpoints" / "step_000006", pid=dead_pid()))
+    os.mkdir(files.temp_path(tmp_path / "checkpoints" / "step_000006", pid=dead_pid()))
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3, 4]
     ckpt.remove_stale_temporaries(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [

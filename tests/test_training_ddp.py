@@ -17,7 +17,8 @@ from aiayn.cli import main as cli_main
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.data.dataset import ParallelDataset
 from aiayn.training.checkpoint import TRAINER_STATE, list_checkpoints
-from training_fixtures import REPO, SMALL, tiny_dataset
+
+from helpers import REPO, SMALL, tiny_dataset
 
 BATCH_TOKENS = 120  # 46 batches an epoch: 23 a rank, so update 12 straddles two epochs
 

@@ -10,20 +10,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.presets import get_preset
 from aiayn.errors import UserError
 from aiayn.model.transformer import Transformer
+from aiayn.precision import cpu_has_native_bf16
+from aiayn.presets import get_preset
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
-from aiayn.training.distributed import DistEnv
 from aiayn.training import loss as loss_module
+from aiayn.training.distributed import DistEnv
 from aiayn.training.loss import label_smoothed_loss, label_smoothed_mean
-from aiayn.training.precision import Precision, cpu_has_native_bf16, resolve
-from aiayn.training.schedule import (build_optimizer, cooldown_factor, learning_rate, lr_at,
-                                     peak_learning_rate, set_lr)
+from aiayn.training.precision import Precision, resolve
+from aiayn.training.schedule import (
+    build_optimizer,
+    cooldown_factor,
+    learning_rate,
+    lr_at,
+    peak_learning_rate,
+    set_lr,
+)
 from aiayn.training.step import Updater
 from aiayn.training.stream import batch_plan
-from training_fixtures import MICRO
 
+from helpers import MICRO
 
 # --- label smoothing (§5.4) ---------------------------------------------------------------------
 

@@ -8,10 +8,6 @@ import itertools
 import json
 import math
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,14 +15,15 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli import main as cli_main
-from aiayn.presets import load_config
 from aiayn.model.io import load_model
+from aiayn.presets import load_config
 from aiayn.training import seq2seq as seq2seq_module
 from aiayn.training import step as step_module
 from aiayn.training.checkpoint import TRAINER_STATE, list_checkpoints
 from aiayn.training.loss import LossSums, label_smoothed_loss
 from aiayn.training.trainer import TrainingDiverged, TrainOptions, train
-from training_fixtures import REPO, SMALL, run_cli, tiny_dataset, train_until_killed
+
+from helpers import SMALL, run_cli, tiny_dataset, train_until_killed
 
 
 @pytest.fixture(scope="module")

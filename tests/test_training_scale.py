@@ -9,13 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn.presets import load_config
 from aiayn.data.batching import TokenBatchSampler
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.dataset import ConcatArray, ParallelDataset
 from aiayn.data.prepare import PrepareOptions, prepare_dataset
+from aiayn.presets import load_config
 from aiayn.training.trainer import TrainOptions, train
-from training_fixtures import SMALL, tiny_dataset
+
+from helpers import SMALL, tiny_dataset
 
 
 @pytest.fixture(scope="module")

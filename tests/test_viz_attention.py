@@ -14,11 +14,11 @@ from aiayn.cli import main as cli
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
 from aiayn.model.io import load_model
-from aiayn.viz.figures import (alignment_figure, figure_bytes, heatmap_figure, lines_figure,
-                               save_figure)
+from aiayn.viz.figures import alignment_figure, figure_bytes, heatmap_figure, lines_figure, save_figure
 from aiayn.viz.maps import collect_attention
 from aiayn.viz.page import attention_page
-from conftest import reverser_model_dir
+
+from helpers import reverser_model_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

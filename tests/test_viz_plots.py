@@ -87,11 +87,11 @@ def test_plot_commands_write_images(tmp_path, capsys):
     results = tmp_path / "t3.csv"
     results.write_text("name,params,ppl,bleu\nbase,65000000,4.92,25.8\nA1,65000000,5.29,24.9\n"
                        "big,213000000,4.33,26.4\n")
-    jobs = [["positions", "--d-model", "64", "--positions", "50", "--out", "pe.png"],
-            ["schedule", "--d-model", "512,256", "--warmup", "4000", "--out", "lr.svg"],
-            ["curves", "--run", str(run), "--out", "curves.png"],
-            ["curves", "--run", str(run / "metrics.jsonl"), "--out", "curves.pdf"],
-            ["study", "--results", str(results), "--out", "t3.png"]]
+    jobs = [["positions", "--d-model", "64", "--positions", "50", "--output", "pe.png"],
+            ["schedule", "--d-model", "512,256", "--warmup", "4000", "--output", "lr.svg"],
+            ["curves", "--run", str(run), "--output", "curves.png"],
+            ["curves", "--run", str(run / "metrics.jsonl"), "--output", "curves.pdf"],
+            ["study", "--results", str(results), "--output", "t3.png"]]
     for job in jobs:
         out = tmp_path / job[-1]
         assert cli(["plot", *job[:-1], str(out)]) == 0, job
@@ -100,12 +100,12 @@ def test_plot_commands_write_images(tmp_path, capsys):
         if out.suffix == ".png":
             assert data.startswith(PNG_MAGIC)
     capsys.readouterr()
-    assert cli(["plot", "positions", "--out", str(tmp_path / "pe.png")]) == 2  # exists
-    assert cli(["plot", "positions", "--dims", "4,999", "--out", str(tmp_path / "x.png")]) == 2
-    assert cli(["plot", "schedule", "--warmup", "4k", "--out", str(tmp_path / "x.png")]) == 2
-    assert cli(["plot", "study", "--results", str(tmp_path / "no.csv"), "--out",
+    assert cli(["plot", "positions", "--output", str(tmp_path / "pe.png")]) == 2  # exists
+    assert cli(["plot", "positions", "--dims", "4,999", "--output", str(tmp_path / "x.png")]) == 2
+    assert cli(["plot", "schedule", "--warmup", "4k", "--output", str(tmp_path / "x.png")]) == 2
+    assert cli(["plot", "study", "--results", str(tmp_path / "no.csv"), "--output",
                 str(tmp_path / "x.png")]) == 2
-    assert cli(["plot", "positions", "--out", str(tmp_path / "x.gif")]) == 2
+    assert cli(["plot", "positions", "--output", str(tmp_path / "x.gif")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 5 and "Traceback" not in err
     assert not (tmp_path / "x.png").exists()

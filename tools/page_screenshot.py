@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from serving_helpers import chrome  # noqa: E402
+from helpers import chrome  # noqa: E402
 
 SENTENCES = ["A man in an orange hat starring at something.",
              "Two young children are playing in the sand on the beach."]

@@ -22,10 +22,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.common import (
+    add_device_argument,
+    add_precision_argument,
+    decode_precision,
+    one_based,
+    set_examples,
+    torch_device,
+)
 from aiayn.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    set_examples(p, 'aiayn attention --model runs/m30k/model --src "A man rides a bike." --out att/',
+                 'aiayn attention --model runs/m30k/model --src "A man rides a bike." '
+                 '--tgt "Ein Mann fährt Rad." --layer 2 --head 3 --out att/',
+                 about=__doc__.split("\n\n", 2)[2])
     p.add_argument("--model", required=True, metavar="DIR", help="model directory")
     p.add_argument("--src", required=True, metavar="TEXT", help="the source sentence")
     p.add_argument("--tgt", metavar="TEXT",
@@ -42,16 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("search (when no --tgt is given)")
     s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
     s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
-
-
-def one_based(value: int, n: int, option: str, noun: str) -> int:
-    """A 1-based command-line index (negative: from the end) as a 0-based one; UserError if out
-    of range."""
-    if value == 0 or not -n <= value <= n:
-        raise UserError(f"{option} {value}: the model has {n} {noun}s "
-                        f"(1..{n}, or -1..-{n} counting from the top)")
-    return value - 1 if value > 0 else n + value
+    h = p.add_argument_group("hardware")
+    add_device_argument(h)
+    add_precision_argument(h)  # as translate's: the weights the maps are drawn from
 
 
 def output_names(layer: int, head: int | None, formats: list[str]) -> dict[str, list[str]]:
@@ -67,9 +72,8 @@ def output_names(layer: int, head: int | None, formats: list[str]) -> dict[str, 
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from aiayn.commands.translate import torch_device
     from aiayn.decoding.translate import Translator
-    from aiayn.io import atomic_write, check_writable
+    from aiayn.files import atomic_write, check_writable
     from aiayn.model.io import load_model, read_config
     from aiayn.viz.figures import FORMATS, heatmap_figure, lines_figure, save_all
     from aiayn.viz.maps import KIND_AXES, KIND_TITLES, KINDS, collect_attention
@@ -91,10 +95,12 @@ def main(args: argparse.Namespace) -> int:
     for path in todo:  # refuse before any slow work
         check_writable(path, args.overwrite)
 
-    loaded = load_model(args.model, torch_device(args.device))
+    device = torch_device(args.device)
+    precision = decode_precision(args, device, "attention")
+    loaded = load_model(args.model, device)
     try:
         translator = Translator(
-            loaded, greedy=args.greedy, beam_size=args.beam,
+            loaded, greedy=args.greedy, beam_size=args.beam, precision=precision,
             warn=lambda m: print(f"aiayn attention: warning: {m}", file=sys.stderr))
     except ValueError as e:
         raise UserError(str(e)) from None

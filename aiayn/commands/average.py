@@ -2,20 +2,20 @@
 (§6.1: the base models average the last 5 checkpoints, written at 10-minute intervals; big the
 last 20).
 
-Examples:
-    aiayn average --run runs/m30k --out runs/m30k/averaged          # last n_average checkpoints
-    aiayn average --run runs/m30k --last 3 --out avg3
-    aiayn average --inputs runs/a/checkpoints/step_009000 runs/a/checkpoints/step_010000 --out avg
 """
 
 from __future__ import annotations
 
 import argparse
 
+from aiayn.commands.common import set_examples
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n", 3)[3]
+    set_examples(p, "aiayn average --run runs/m30k --out runs/m30k/model    # last n_average checkpoints",
+                 "aiayn average --run runs/m30k --last 3 --out avg3",
+                 "aiayn average --inputs runs/a/checkpoints/step_009000 "
+                 "runs/a/checkpoints/step_010000 --out avg")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--inputs", nargs="+", metavar="CKPT_DIR", help="model directories to average")
     src.add_argument("--run", metavar="RUN_DIR", help="a training run: average its newest checkpoints")

@@ -1,8 +1,5 @@
 """`aiayn download`: fetch a public data set from its official source, with checksums, resumably.
 
-    aiayn download multi30k --out data/multi30k            # Multi30k task 1 (en, de, fr)
-    aiayn download wmt14 --pair en-de --out data/wmt14-en-de  # the paper's WMT 2014 data
-
 A download that breaks off continues where it stopped when the command is run again.
 """
 
@@ -11,12 +8,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.common import add_no_progress_argument, set_examples
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n", 2)[2]
+    set_examples(p, "aiayn download multi30k --out data/multi30k            # Multi30k task 1 (en, de, fr)",
+                 "aiayn download wmt14 --pair en-de --out data/wmt14-en-de  # the paper's WMT 2014 data",
+                 about=__doc__.split("\n\n", 1)[1])
     p.add_argument("dataset", choices=["multi30k", "wmt14"], help="the data set to fetch")
-    p.add_argument("--out", required=True, help="directory for the files")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the files")
     p.add_argument("--langs", default="en,de,fr",
                    help="multi30k: comma-separated languages (default en,de,fr)")
     p.add_argument("--pair", choices=["en-de", "en-fr"], default="en-de",
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "en-fr: 41M pairs, 6.7 GB)")
     p.add_argument("--base-url", default=None,
                    help="fetch every file from this URL prefix (a mirror, or file:///path) instead")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress_argument(p)
 
 
 def main(args: argparse.Namespace) -> int:

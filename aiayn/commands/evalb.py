@@ -2,20 +2,19 @@
 exactly as EVALB computes them with COLLINS.prm (aiayn/parsing/evalb.py): one tree per line in
 both files; corpus totals, complete match, crossing brackets, and the same for sentences of at
 most 40 words; per-sentence rows as EVALB prints them.
-
-    aiayn evalb --gold corpus/test.gold --test test.trees
-    aiayn evalb --gold corpus/test.gold --test test.trees --summary --json
-    aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold   # XX-tagged output
 """
 
 from __future__ import annotations
 
 import argparse
 
+from aiayn.commands.common import set_examples
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n\n", 1)[1]
+    set_examples(p, "aiayn evalb --gold corpus/test.gold --test test.trees",
+                 "aiayn evalb --gold corpus/test.gold --test test.trees --summary --json",
+                 "aiayn evalb --gold corpus/test.gold --test test.trees --tags-from-gold   # XX-tagged output")
     p.add_argument("--gold", required=True, metavar="FILE", help="gold trees, one per line")
     p.add_argument("--test", required=True, metavar="FILE", help="trees to score, one per line")
     p.add_argument("--prm", metavar="FILE",

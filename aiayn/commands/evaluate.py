@@ -7,6 +7,11 @@
   (lowercased, punctuation-normalised, Moses-tokenized, no compound splitting);
 - with `--model M --src S`: the per-token perplexity of the references under the model
   (teacher-forced, per target subword including EOS, as the paper's Table 3 reports it).
+
+The target language (Moses tokenization; German compounds are split for de only) is --lang, or
+else --model's (its meta.json), or else that of the dataset the --ref file lies in (aiayn prepare
+writes test.tgt.txt beside manifest.json); otherwise the command asks for --lang rather than
+apply one language's rules to another.
 """
 
 from __future__ import annotations
@@ -16,17 +21,31 @@ import dataclasses
 import json
 import sys
 
+from aiayn.commands.common import (
+    add_device_argument,
+    add_precision_argument,
+    check_train_precision,
+    refuse_unused,
+    set_examples,
+    torch_device,
+)
 from aiayn.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    set_examples(parser, "aiayn evaluate --hyp test.hyp.de --ref data/m30k/test.tgt.txt",
+                 "aiayn evaluate --hyp test.hyp.de --ref test.de --lang de --lowercase --json",
+                 "aiayn evaluate --ref data/m30k/test.tgt.txt --src data/m30k/test.src.txt "
+                 "--model runs/m30k/model",
+                 about=__doc__.split("\n", 1)[1])
     parser.add_argument("--hyp", metavar="H",
                         help="hypotheses, detokenized UTF-8 text, one sentence a line ('-' = stdin)")
     parser.add_argument("--ref", required=True, metavar="R",
                         help="references, detokenized UTF-8 text, one sentence a line")
-    parser.add_argument("--lang", default="de",
+    parser.add_argument("--lang",
                         help="target language, for Moses tokenization; compounds are split for "
-                             "'de' only (default: de)")
+                             "'de' only (default: --model's, or that of the dataset --ref lies "
+                             "in; else required)")
     parser.add_argument("--lowercase", action="store_true",
                         help="case-insensitive scores; tokenized BLEU then follows the Multi30k "
                              "convention (lowercased, punctuation-normalised, no compound split)")
@@ -34,6 +53,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "per-token perplexity under it (needs --src)")
     parser.add_argument("--src", metavar="S", help="the source sentences of the references, for --model")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    h = parser.add_argument_group("hardware (with --model)")
+    add_device_argument(h)
+    add_precision_argument(h)  # teacher-forced, as training's dev figures: autocast
+
+
+def target_language(args: argparse.Namespace) -> str:
+    """--lang, else the model's target language, else that of the prepared dataset --ref lies in
+    (test.src.txt is its source side); a UserError asking for --lang when none of them says."""
+    from pathlib import Path
+
+    from aiayn.data.dataset import read_manifest
+    from aiayn.model.io import read_meta
+
+    if args.lang:
+        return args.lang
+    if args.model is not None:
+        lang = read_meta(args.model).get("tgt_lang")
+        if lang:
+            return lang
+    if args.ref != "-" and (Path(args.ref).parent / "manifest.json").is_file():
+        manifest = read_manifest(Path(args.ref).parent)
+        side = "src_lang" if Path(args.ref).name.endswith(".src.txt") else "tgt_lang"
+        if manifest.get(side):
+            return manifest[side]
+    raise UserError("--lang: the target language is not known (no --model with one, and --ref is "
+                    "not in a prepared dataset); pass it, e.g. --lang de")
 
 
 def _read_lines(path: str) -> list[str]:
@@ -57,7 +102,7 @@ def _style(lang: str, lowercase: bool) -> tuple[str, dict]:
             dict(lowercase=False, normalize_punct=False, split_compounds=split))
 
 
-def score(hyps: list[str], refs: list[str], lang: str = "de", lowercase: bool = False) -> dict:
+def score(hyps: list[str], refs: list[str], lang: str, lowercase: bool = False) -> dict:
     """All three scores as one JSON-ready dict (what `--json` prints, less the file names)."""
     from aiayn.evaluation.sacre import chrf, sacre_bleu
     from aiayn.evaluation.tokenized import tokenized_bleu
@@ -101,6 +146,14 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("give --hyp (translations to score) and/or --model with --src (perplexity)")
     if (args.model is None) != (args.src is None):
         raise UserError("--model and --src go together: perplexity of --ref given --src under --model")
+    if args.model is None:
+        refuse_unused(args, ["device", "precision"], "these run --model's perplexity; give --model "
+                                                      "and --src, or drop them")
+    else:
+        check_train_precision(args, "evaluate")
+    if args.hyp is None:
+        refuse_unused(args, ["lang", "lowercase"], "these set how --hyp is scored; give --hyp")
+    lang = target_language(args) if args.hyp is not None else None
     refs = _read_lines(args.ref)
     out: dict = {"ref": args.ref}
     if args.hyp is not None:
@@ -109,19 +162,20 @@ def main(args: argparse.Namespace) -> int:
         if len(hyps) != len(refs):
             raise UserError(f"{hyp_name} has {len(hyps)} lines but {args.ref} has {len(refs)}; "
                             f"hypotheses and references must be line-aligned")
-        out.update({"hyp": hyp_name, "lines": len(hyps)}, **score(hyps, refs, lang=args.lang,
-                                                                  lowercase=args.lowercase))
+        out.update({"hyp": hyp_name, "lines": len(hyps), "lang": lang},
+                   **score(hyps, refs, lang=lang, lowercase=args.lowercase))
     if args.model is not None:
         srcs = _read_lines(args.src)
         if len(srcs) != len(refs):
             raise UserError(f"{args.src} has {len(srcs)} lines but {args.ref} has {len(refs)}; "
                             f"sources and references must be line-aligned")
-        out["perplexity"] = model_perplexity(args.model, srcs, refs)
+        out["perplexity"] = model_perplexity(args.model, srcs, refs, device=args.device,
+                                             precision=args.precision)
     if args.json:
         print(json.dumps(out, ensure_ascii=False))
         return 0
     if args.hyp is not None:
-        print(f"{out['hyp']} against {args.ref}, {out['lines']} lines")
+        print(f"{out['hyp']} against {args.ref}, {out['lines']} lines, target language {lang}")
         print(format_table(out))
     if args.model is not None:
         p = out["perplexity"]
@@ -131,18 +185,24 @@ def main(args: argparse.Namespace) -> int:
 
 
 def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
-                     batch_tokens: int = 4000) -> dict:
-    """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory."""
+                     batch_tokens: int = 4000, device: str | None = "cpu",
+                     precision: str = "fp32") -> dict:
+    """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory, on
+    `device` (None: the GPU when there is one), under `precision`'s autocast (as training's dev
+    figures; auto: `aiayn.precision.auto_precision`)."""
     import numpy as np
 
     from aiayn.data.batching import collate, length_batches
     from aiayn.evaluation.perplexity import reference_perplexity
     from aiayn.model.io import load_model
+    from aiayn.training.precision import Precision
 
-    loaded = load_model(model_dir)
+    where = torch_device(device)
+    autocast = Precision(precision, where).autocast
+    loaded = load_model(model_dir, where)
     pairs = [(np.asarray(s, np.int64), np.asarray(t, np.int64))
              for s, t in zip(loaded.src_tokenizer.encode_batch(srcs),
                              loaded.tgt_tokenizer.encode_batch(refs))]
     batches = (collate(pairs, b) for b in length_batches([len(s) for s, _ in pairs], batch_tokens,
                                                          [len(t) for _, t in pairs]))
-    return reference_perplexity(loaded.model, batches)
+    return reference_perplexity(loaded.model, batches, autocast=autocast)

@@ -1,8 +1,5 @@
 """`aiayn export`: convert a model directory for another inference engine.
 
-    aiayn export --format ctranslate2 runs/base/model runs/base/ct2
-    aiayn export --format ctranslate2 --quantization int8 runs/base/model runs/base/ct2-int8
-
 The CTranslate2 directory holds model.bin, config.json, the vocabularies and our sentencepiece
 model(s), so it is all a user needs to translate with `ctranslate2.Translator` (pass
 `suppress_sequences=[["<pad>"], ["<s>"]]` for outputs identical to aiayn's greedy search).
@@ -13,29 +10,38 @@ from __future__ import annotations
 
 import argparse
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                 "bfloat16", "float32")
+from aiayn.commands.common import retire, retire_positionals, set_examples
+
+# --precision: the stored weight type, in CTranslate2's names. No `auto`: what is stored is
+# chosen once, for the machines the model will run on, not for this one.
+CT2_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n", 2)[2]
-    p.add_argument("model", metavar="MODEL_DIR", help="an aiayn model directory (from train/average)")
-    p.add_argument("out", metavar="OUT_DIR", help="directory to write")
+    set_examples(p, "aiayn export --format ctranslate2 --model runs/m30k/model --out runs/m30k/ct2",
+                 "aiayn export --format ctranslate2 --model runs/m30k/model --out runs/m30k/ct2-int8 "
+                 "--precision int8",
+                 about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--format", required=True, choices=["ctranslate2"], help="what to export to")
-    p.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="weight type of the exported model (default: float32, as trained)")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="an aiayn model directory (from train/average)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    p.add_argument("--precision", choices=tuple(CT2_TYPES), default="fp32",
+                   help="the stored weight type: fp32 (default, as trained), bf16, fp16, int8 "
+                        "(CTranslate2's float32, bfloat16, float16, int8)")
     p.add_argument("--max-positions", type=int, metavar="N",
                    help="rows of the sinusoidal position table: the longest source or output the "
                         "exported model takes (default 2048; learned positions keep their own)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a CTranslate2 model an earlier export wrote to --out")
+    retire(p, "--quantization", new="--precision {fp32,bf16,fp16,int8}")
+    retire_positionals(p, "--model DIR --out DIR")
 
 
 def main(args: argparse.Namespace) -> int:
     from aiayn.model.export_ct2 import export_ctranslate2
 
-    out = export_ctranslate2(args.model, args.out, quantization=args.quantization,
+    out = export_ctranslate2(args.model, args.out, quantization=CT2_TYPES[args.precision],
                              overwrite=args.overwrite, max_positions=args.max_positions)
-    print(f"exported {args.model} to CTranslate2 in {out}"
-          + (f" ({args.quantization} weights)" if args.quantization else ""))
+    print(f"exported {args.model} to CTranslate2 in {out} ({args.precision} weights)")
     return 0

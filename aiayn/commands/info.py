@@ -9,8 +9,12 @@ import argparse
 import json
 from dataclasses import replace
 
+from aiayn.commands.common import set_examples
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    set_examples(p, "aiayn info --list", "aiayn info --preset big",
+                 "aiayn info --preset translation-small --vocab-size 8000 --json")
     p.add_argument("--preset", default="base", help="preset name (default: base); see --list")
     p.add_argument("--config", help="JSON file of config fields applied over the preset")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")

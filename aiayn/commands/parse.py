@@ -1,6 +1,8 @@
-"""`aiayn parse`: sentences in, bracketed trees out, with a model trained on linearized trees (§6.3).
+"""`aiayn parse`: sentences in, bracketed trees out, with a chart parser (`--preset
+parsing-chart-small`, not in the paper: CKY over span scores) or a model trained on linearized
+trees (§6.3, `--preset parsing-seq2seq-small`: beam search).
 
-    aiayn parse --model runs/parsing/model --input sentences.txt --output trees.txt
+    aiayn parse --model runs/chart/model --input sentences.txt --output trees.txt
     echo "The cat sat on the mat ." | aiayn parse --model runs/parsing/model
 
 Input: one sentence a line, words separated by spaces (tokenized as the treebank is: `do n't`,
@@ -13,6 +15,10 @@ well-formed trees over exactly the input's words (then no repairs are needed), a
 `--model` directories (trained on one `aiayn prepare` output) parse as their ensemble. A model
 trained with `aiayn treebank --signatures` reads the words its vocabulary lacks as their
 signatures (aiayn/parsing/signatures.py); nothing to pass.
+
+A chart parser's every tree is well formed over exactly the input's words, so it needs no
+repairs; of the search and hardware options it reads --device, and --precision auto or fp32
+(it computes in fp32), and refuses the others in one line.
 """
 
 from __future__ import annotations
@@ -20,12 +26,24 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.common import (
+    add_search_arguments,
+    check_precision,
+    decode_precision,
+    given,
+    read_input,
+    search_options,
+    set_examples,
+    torch_device,
+)
+from aiayn.decoding import DECODE_PRECISIONS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from aiayn.commands.translate import add_search_arguments
-
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n\n", 1)[1]
+    set_examples(p, "aiayn parse --model runs/chart/model --input corpus/test.words --output test.trees",
+                 "echo 'The cat sat on the mat .' | aiayn parse --model runs/chart/model",
+                 "aiayn parse --model runs/parsing/model --input sentences.txt --constrained",
+                 about=__doc__.split("\n\n", 2)[2])
     p.add_argument("--model", required=True, nargs="+", metavar="DIR",
                    help="model directory (from train/average); several: their ensemble, the mean "
                         "of their next-token probabilities (not in the paper; "
@@ -46,21 +64,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vote-weight", type=float, default=1.0, metavar="W",
                    help="what each voted span adds to its label's log-probability gain (default 1)")
     p.add_argument("--progress", action="store_true",
-                   help="show a progress bar on stderr (default: when stderr is a terminal)")
-    add_search_arguments(p)
+                   help="show progress on stderr: a bar at a terminal (the default there), a "
+                        "line every 30 seconds in a log")
+    add_search_arguments(p, nbest=False)
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.commands.translate import decode_precision, read_input, search_options, torch_device
     from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
-    from aiayn.io import check_writable
+    from aiayn.files import check_writable
     from aiayn.model.io import read_config
     from aiayn.parsing.chart.files import is_chart_model
     from aiayn.parsing.constrain import TreeVocabulary
     from aiayn.parsing.parse import parse_lines
 
+    check_precision(args, DECODE_PRECISIONS, "parse")  # before reading any model
     charts = [is_chart_model(m) for m in args.model]
     if any(charts):
         if not all(charts):
@@ -74,13 +93,11 @@ def main(args: argparse.Namespace) -> int:
         SearchOptions(**options).validate(read_config(args.model[0]))
     except ValueError as e:
         raise UserError(str(e)) from None
-    if options["nbest"] > 1:
-        raise UserError("--nbest is not supported by parse: one tree per sentence")
     for path in (args.output, args.linearized):
         if path is not None:
             check_writable(path, args.overwrite)
     device = torch_device(args.device)
-    precision = decode_precision(args, device)
+    precision = decode_precision(args, device, "parse")
     lines = read_input(args.input)
     models = load_models(args.model, device)  # an ensemble shares its tokenizers
     if not bool((TreeVocabulary.from_tokenizer(models.tgt_tokenizer).open_label >= 0).any()):
@@ -101,9 +118,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-# The options a chart parser reads; it refuses the others (search, precision, device).
+# The options a chart parser reads; it refuses the others (the search's).
 _CHART_OPTIONS = ("help", "model", "input", "output", "overwrite", "linearized", "votes",
-                  "vote_weight", "progress")
+                  "vote_weight", "progress", "device", "precision")
+# A chart parser computes in fp32: its span scores feed CKY, and no bf16 path was measured.
+_CHART_PRECISIONS = ("auto", "fp32")
 
 
 def _chart_main(args: argparse.Namespace) -> int:
@@ -111,22 +130,22 @@ def _chart_main(args: argparse.Namespace) -> int:
     tree is well formed over exactly the input's words; the search options do not apply."""
     import time
 
-    from aiayn.commands.translate import read_input
     from aiayn.errors import UserError
-    from aiayn.io import check_writable
+    from aiayn.files import check_writable
     from aiayn.parsing.chart.files import load_chart
     from aiayn.parsing.chart.parse import chart_parse
 
-    given = [a.option_strings[0] for a in args._parser._actions if a.option_strings
-             and a.dest not in _CHART_OPTIONS and getattr(args, a.dest) != a.default]
-    if given:
-        flags = ", ".join(given)
+    unused = given(args, [a.dest for a in args._parser._actions if a.dest not in _CHART_OPTIONS])
+    if unused:
+        flags = ", ".join(unused)
         raise UserError(f"{flags}: a chart parser finds its tree by CKY over span scores; the "
-                        f"search, precision and device options are for sequence-to-sequence parsers")
+                        f"search options are for sequence-to-sequence parsers")
+    check_precision(args, _CHART_PRECISIONS, "parse (with a chart parser)")
+    device = torch_device(args.device)
     for path in (args.output, args.linearized):
         if path is not None:
             check_writable(path, args.overwrite)
-    models = [load_chart(m) for m in args.model]
+    models = [load_chart(m, device) for m in args.model]
     lines = read_input(args.input)
     votes = _read_votes(args.votes, lines) if args.votes else None
     start = time.perf_counter()
@@ -142,7 +161,7 @@ def _chart_main(args: argparse.Namespace) -> int:
 
 def _write(args: argparse.Namespace, trees: list[str], linearized: list[str]) -> None:
     """The trees to --output (atomically) or stdout, the raw outputs to --linearized if asked."""
-    from aiayn.io import atomic_write
+    from aiayn.files import atomic_write
 
     text = "".join(t + "\n" for t in trees)
     if args.output is None:

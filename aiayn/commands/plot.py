@@ -1,9 +1,5 @@
-"""`aiayn plot`: the paper's pictures and a run's curves, as PNG, SVG or PDF (by --out's suffix).
-
-    aiayn plot positions --out pe.png [--d-model 512 --positions 100 --dims 20,100,200,300]
-    aiayn plot schedule --out lr.png [--d-model 512,256 --warmup 4000,8000 --steps 40000]
-    aiayn plot curves --run runs/base/run --out curves.png
-    aiayn plot study --results table3.csv --out table3.png
+"""`aiayn plot`: the paper's pictures and a run's curves, as PNG, SVG or PDF (by --output's
+suffix).
 
 `schedule` draws Eq. 3 for every combination of the given d_model and warmup values. `curves`
 reads RUN_DIR/metrics.jsonl: training loss, dev perplexity and dev BLEU against updates and
@@ -15,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.commands.common import retire, set_examples
 from aiayn.errors import UserError
 
 
@@ -28,13 +25,25 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
+# One example per picture, for `aiayn plot --help` and each `aiayn plot WHAT --help`.
+EXAMPLES = {
+    "positions": "aiayn plot positions --output pe.png --d-model 512 --positions 100",
+    "schedule": "aiayn plot schedule --output lr.png --d-model 512,256 --warmup 4000,8000",
+    "curves": "aiayn plot curves --run runs/m30k --output curves.png",
+    "study": "aiayn plot study --results runs/table3/report/results.csv --output table3.png",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    set_examples(p, *EXAMPLES.values(), about=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="what", metavar="WHAT", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--out", required=True, metavar="FILE",
+        q.add_argument("--output", "-o", required=True, metavar="FILE",
                        help="image file: .png, .svg or .pdf")
-        q.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+        q.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+        retire(q, "--out", new="--output FILE")
+        set_examples(q, EXAMPLES[q.prog.split()[-1]])
 
     q = sub.add_parser("positions", help="sinusoidal positional encodings (§3.5)")
     q.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
@@ -93,11 +102,11 @@ def build_figure(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.io import check_writable
+    from aiayn.files import check_writable
     from aiayn.viz.figures import save_figure
 
-    check_writable(args.out, args.overwrite)
-    if not args.out.lower().endswith((".png", ".svg", ".pdf")):
-        raise UserError(f"--out {args.out}: name a .png, .svg or .pdf file")
-    print(save_figure(build_figure(args), args.out))
+    check_writable(args.output, args.overwrite)
+    if not args.output.lower().endswith((".png", ".svg", ".pdf")):
+        raise UserError(f"--output {args.output}: name a .png, .svg or .pdf file")
+    print(save_figure(build_figure(args), args.output))
     return 0

@@ -13,12 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aiayn.commands.common import add_no_progress_argument, set_examples
+
 CORPUS_HELP = "PREFIX (PREFIX.SRC_LANG + PREFIX.TGT_LANG, optionally .gz), FILE.tsv, or two files SRC TGT"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("example: aiayn prepare --src-lang en --tgt-lang de --train data/train "
-                "--valid data/val --test data/test_2016_flickr --out data/m30k --vocab-size 8000")
+    set_examples(p, "aiayn prepare --src-lang en --tgt-lang de --train data/multi30k/train "
+                    "--valid data/multi30k/val --test data/multi30k/test_2016_flickr "
+                    "--out data/m30k --vocab-size 8000",
+                 "aiayn prepare --src-lang en --tgt-lang de --train corpus.tsv --out data/mine",
+                 about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--src-lang", required=True, help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, help="target language code, e.g. de")
     p.add_argument("--train", required=True, nargs="+", metavar="PATH",
@@ -26,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--valid", nargs="+", metavar="PATH", help="dev corpus (never filtered), same forms")
     p.add_argument("--test", nargs="+", action="append", default=[], metavar="PATH",
                    help="test corpus (never filtered), same forms; repeat for more (splits test, test2, ...)")
-    p.add_argument("--out", required=True, help="dataset directory to create")
+    p.add_argument("--out", required=True, metavar="DIR", help="dataset directory to create")
     p.add_argument("--vocab-size", type=int, default=8000,
                    help="subword vocabulary size including 4 specials (default 8000; the paper's WMT "
                         "EN-DE used about 37000)")
@@ -52,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="encoding processes (default: one per CPU core)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress_argument(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ listening, one line on stderr gives the address: `aiayn serve: SRC -> TGT from D
 Translations are those of `aiayn translate` with the same model and search settings.
 API key (optional): `--api-key-file FILE` (its first line), or the environment variable
 AIAYN_API_KEY; clients send it as `X-API-Key: KEY` or `Authorization: Bearer KEY`.
-docs/serving.md describes the API.
+docs/guides/serving.md describes the API.
 """
 
 from __future__ import annotations
@@ -19,14 +19,25 @@ import os
 import socket
 import sys
 
+from aiayn.commands.common import (
+    add_device_argument,
+    add_early_stop_argument,
+    add_precision_argument,
+    decode_precision,
+    set_examples,
+    torch_device,
+)
 from aiayn.errors import UserError
 
 API_KEY_ENV = "AIAYN_API_KEY"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from aiayn.commands.translate import add_early_stop_argument, add_precision_argument
     from aiayn.serving.settings import ServeSettings
+
+    set_examples(p, "aiayn serve --model runs/m30k/model                 # http://127.0.0.1:8000/",
+                 "aiayn serve --model runs/m30k/model --host 0.0.0.0 --port 8080 --api-key-file key.txt",
+                 about=__doc__.split("\n\n", 2)[2])
 
     d = ServeSettings()
     p.add_argument("--model", required=True, nargs="+", metavar="DIR",
@@ -57,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                      help="truncate longer sources, as aiayn translate does (default 1024, EOS included)")
     h = p.add_argument_group("hardware")
-    h.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    add_device_argument(h)
     h.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
     add_precision_argument(h)
     s = p.add_argument_group("search (per request: beam size and alpha, within the limits)")
@@ -110,7 +121,6 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from aiayn.commands.translate import decode_precision, torch_device
     from aiayn.decoding.ensemble import load_models
     from aiayn.serving.app import create_app
     from aiayn.serving.engine import Engine
@@ -118,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch_device(args.device)
-    precision = decode_precision(args, device)
+    precision = decode_precision(args, device, "serve")
     try:
         engine = Engine(load_models(args.model, device), max_src_tokens=args.max_src_tokens,
                         batch_tokens=settings.batch_tokens, precision=precision,

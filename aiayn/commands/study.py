@@ -1,15 +1,7 @@
 """`aiayn study table3`: the paper's Table 3 (model variations) rerun at CPU scale, every row as
 the same change the paper made applied to a scaled study base, all rows with the same updates
-and batches; then the report (table, JSON, CSV, plots) in OUT/report/. docs/table3.md has the
-results and how each row is scaled.
-
-Examples:
-    aiayn study table3 --data data/m30k-en-de --out runs/table3          # the whole study
-    aiayn study table3 --data data/m30k-en-de --out runs/table3          # again: resumes it
-    aiayn study table3 --data data/m30k-en-de --out runs/t3 --rows A1 B16  # some rows only
-    aiayn study table3 --data data/m30k-en-de --out runs/t3 --rows base --seeds 2  # one seed
-    aiayn study table3 --out runs/table3 --report-only                   # gather, no training
-    aiayn study table3 --data DIR --out DIR --device cuda --set n_layers=6 d_model=512 d_ff=2048
+and batches; then the report (table, JSON, CSV, plots) in OUT/report/. docs/guides/table3.md says
+how each row is scaled, docs/experiments/table3.md has the results.
 """
 
 from __future__ import annotations
@@ -18,10 +10,26 @@ import argparse
 import json
 import sys
 
+from aiayn.commands.common import (
+    add_device_argument,
+    add_no_progress_argument,
+    add_precision_argument,
+    check_train_precision,
+    retire,
+    set_examples,
+    torch_device,
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n", 4)[4]
+    set_examples(
+        p, "aiayn study table3 --data data/m30k-en-de --out runs/table3          # the whole study",
+        "aiayn study table3 --data data/m30k-en-de --out runs/table3          # again: resumes it",
+        "aiayn study table3 --data data/m30k-en-de --out runs/t3 --rows A1 B16  # some rows only",
+        "aiayn study table3 --data data/m30k-en-de --out runs/t3 --rows base --seeds 2  # one seed",
+        "aiayn study table3 --out runs/table3 --report-only                   # gather, no training",
+        "aiayn study table3 --data DIR --out DIR --device cuda --set n_layers=6 d_model=512 d_ff=2048",
+        about=__doc__)
     p.add_argument("study", choices=["table3"], help="the study to run")
     p.add_argument("--data", metavar="DATASET_DIR", help="a dataset made by aiayn prepare")
     p.add_argument("--out", required=True, metavar="STUDY_DIR",
@@ -30,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Table 3 rows to run (default: all): base A1 A4 A16 A32 B16 B32 C-N2 ...")
     p.add_argument("--seeds", nargs="+", type=int, metavar="S",
                    help="seeds of the base row (default: 1 2 3); other rows use seed 1")
-    p.add_argument("--updates", type=int, metavar="N",
+    p.add_argument("--max-steps", type=int, metavar="N",
                    help="updates of every row (default: the table3 preset's max_steps)")
+    retire(p, "--updates", new="--max-steps N")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                    help="overrides of the study base (preset table3); every row scales with it")
     p.add_argument("--eval-every", type=int, default=200, metavar="K",
@@ -40,36 +49,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="greedy dev BLEU on N sentences at each evaluation (default 0: none)")
     p.add_argument("--save-every", type=int, default=100, metavar="M",
                    help="updates between checkpoints, what a kill can lose (default 100)")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device_argument(p)
+    add_precision_argument(p)  # of training; the dev figures are measured in fp32
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: gather the finished rows in --out and write the report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress_argument(p)
     p.add_argument("--json", action="store_true", help="print results.json on stdout")
 
 
 def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from aiayn.presets import load_config
     from aiayn.errors import UserError
+    from aiayn.presets import load_config
     from aiayn.recipes.table3_report import report
     from aiayn.recipes.table3_study import RunOptions, StudySettings, plan, run_study
 
     if not args.report_only:
         if args.data is None:
             raise UserError("--data is required (or --report-only to gather a study)")
-        for name in ("updates", "eval_every", "save_every", "threads"):
+        check_train_precision(args, "study")
+        if args.device is not None:
+            torch_device(args.device)  # one line for a device this machine lacks
+        for name in ("max_steps", "eval_every", "save_every", "threads"):
             v = getattr(args, name)
             if v is not None and v < (0 if name == "eval_every" else 1):
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
         base = load_config("table3", overrides=args.set)
-        if args.updates is not None:
-            base = replace(base, max_steps=args.updates)
+        if args.max_steps is not None:
+            base = replace(base, max_steps=args.max_steps)
         settings = StudySettings(base=base, eval_every=args.eval_every,
                                  eval_bleu_sentences=args.eval_bleu_sentences)
         options = RunOptions(device=args.device, threads=args.threads, save_every=args.save_every,
-                             progress=not args.no_progress)
+                             precision=args.precision, progress=not args.no_progress)
         run_study(args.data, args.out, plan(args.rows, args.seeds), settings, options)
     doc = report(args.out)
     if args.json:

@@ -1,11 +1,7 @@
 """`aiayn train`: train a model (§5): the Transformer on a dataset made by `aiayn prepare`, or
 the chart parser on a treebank corpus made by `aiayn treebank` (`--preset parsing-chart-small`).
 
-Examples:
-    aiayn train --data data/m30k --out runs/m30k --preset translation-small --time-budget 60
-    aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash
-    aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30
-    torchrun --nproc_per_node=2 -m aiayn train --data data/wmt --out runs/base --preset base
+Data parallel on K GPUs or processes: torchrun --nproc_per_node=K -m aiayn train ... (DDP).
 """
 
 from __future__ import annotations
@@ -14,12 +10,23 @@ import argparse
 import json
 import sys
 
-from aiayn.training import PRECISIONS
+from aiayn.commands.common import (
+    add_device_argument,
+    add_no_progress_argument,
+    add_precision_argument,
+    check_train_precision,
+    set_examples,
+    torch_device,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n", 2)[2]
+    set_examples(
+        p, "aiayn train --data data/m30k --out runs/m30k --preset translation-small --time-budget 60",
+        "aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash",
+        "aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30",
+        "aiayn train --data data/wmt --out runs/base --preset base --max-steps 100000",
+        about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--data", required=True, metavar="DATA_DIR",
                    help="a dataset made by aiayn prepare, or (for the chart parser) a treebank "
                         "corpus made by aiayn treebank")
@@ -42,12 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--batch-tokens; on --resume the run's)")
     g.add_argument("--batch-tokens", type=int, metavar="T",
                    help="tokens per side in one micro-batch (memory); default max_tokens / (accum x processes)")
-    g.add_argument("--precision", default="auto", choices=list(PRECISIONS),
-                   help="auto: bf16 autocast on a GPU and on a CPU with native bf16, else fp32; "
-                        "fp32: the paper's arithmetic; fp16 (loss scaling) needs a GPU")
+    add_precision_argument(g)  # bf16 and fp16 autocast; weights, Adam, softmax, loss stay fp32
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (faster after about a minute of compiling)")
-    g.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device_argument(g)
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
     g.add_argument("--seed", type=int,
                    help="seed of weights, dropout and batch order (default 1; on --resume the run's)")
@@ -67,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--overwrite", action="store_true", help="delete RUN_DIR's checkpoints and start over")
     g.add_argument("--log-every", type=int, default=10, metavar="N", help="updates between log records")
     g.add_argument("--no-tensorboard", action="store_true", help="do not write RUN_DIR/tb")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress_argument(g)
     g.add_argument("--peak-tflops", type=float, metavar="X", help="peak TFLOP/s per device, for MFU")
     g.add_argument("--max-nonfinite", type=int, default=5, metavar="N",
                    help="stop after N consecutive non-finite updates (default 5)")
@@ -81,6 +86,9 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.training.seq2seq import Seq2SeqTask
     from aiayn.training.trainer import TrainOptions, train
 
+    check_train_precision(args, "train")
+    if args.device is not None:
+        torch_device(args.device)  # one line for a device this machine lacks, before any work
     task = task_for_data(args.data, args.dev_split)
     if args.eval_bleu_sentences is not None and not isinstance(task, Seq2SeqTask):
         raise UserError("--eval-bleu-sentences is for translation; the chart parser's evaluation "

@@ -32,11 +32,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES
+from aiayn.commands.common import (
+    add_alignment_arguments,
+    add_search_arguments,
+    check_precision,
+    decode_precision,
+    one_based,
+    read_input,
+    search_options,
+    set_examples,
+    torch_device,
+)
+from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    set_examples(p, "aiayn translate --model runs/m30k/model --input test.en --output test.hyp.de",
+                 "aiayn translate --model runs/m30k/model --input test.en --nbest 4",
+                 "aiayn translate --model runs/m30k/model --input test.en --alignment hard",
+                 "echo 'A man rides a bike.' | aiayn translate --model runs/m30k/model",
+                 "aiayn translate --model runs/m30k/model        # at a terminal: interactive")
     p.add_argument("--model", required=True, nargs="+", metavar="DIR",
                    help="model directory (from train/average); several: their ensemble, the mean "
                         "of their next-token probabilities (not in the paper; "
@@ -45,115 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="where to write (default: stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     add_search_arguments(p)
+    add_alignment_arguments(p)
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "
                         "is a terminal and there is no --input)")
     o.add_argument("--progress", action="store_true",
-                   help="show a progress bar on stderr (default: when stderr is a terminal)")
-
-
-def add_early_stop_argument(group) -> None:
-    """`--early-stop`, shared by translate, parse and serve."""
-    group.add_argument("--early-stop", choices=EARLY_STOP_RULES, default="exact",
-                       help="not in the paper: when a sentence's beam search ends. exact (default): "
-                            "when no live beam can still win; current: when none would win by "
-                            "ending at the next step (sooner with alpha > 0, as fairseq and "
-                            "CTranslate2 stop; may miss a longer winner)")
-
-
-def add_precision_argument(group) -> None:
-    """`--precision`, shared by translate, parse and serve (read it with `decode_precision`)."""
-    group.add_argument("--precision", choices=DECODE_PRECISIONS, default=None,
-                       help="decoding arithmetic: fp32 (default, as trained: the paper's), bf16 "
-                            "(weights cast once; scores stay float32), int8 (int8 weights, "
-                            "activations quantized per row at run time, as CTranslate2's int8; x86 "
-                            "CPUs with AVX2, Transformer models), auto (the fastest measured on "
-                            "this kind of machine: bf16 on a GPU or a CPU with native bf16, else "
-                            "fp32)")
-
-
-def add_search_arguments(p: argparse.ArgumentParser) -> None:
-    """Search, batching and hardware options, shared by `aiayn translate` and `aiayn parse`."""
-    s = p.add_argument_group("search (defaults: the model config's, the paper's)")
-    s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
-    s.add_argument("--alpha", type=float, help="length penalty exponent (config default 0.6)")
-    s.add_argument("--max-len-a", type=float, metavar="A",
-                   help="maximum output length = A * source length + B (config default A=1)")
-    s.add_argument("--max-len-b", type=int, metavar="B", help="(config default B=50)")
-    s.add_argument("--min-len", type=int, default=0, metavar="N",
-                   help="not in the paper: no EOS before output length N, EOS counted (default 0: off)")
-    add_early_stop_argument(s)
-    s.add_argument("--greedy", action="store_true", help="greedy search instead of beam search")
-    s.add_argument("--nbest", type=int, metavar="N",
-                   help="write the N best hypotheses per line as index<TAB>score<TAB>text")
-    a = p.add_argument_group("word alignment (from encoder-decoder attention)")
-    a.add_argument("--alignment", choices=["hard", "soft"],
-                   help="append ' ||| ' and the alignment to each line: hard = Pharaoh i-j pairs, "
-                        "soft = per target word its weights over the source words")
-    a.add_argument("--alignment-layer", type=int, default=-1, metavar="L",
-                   help="decoder layer, 1-based, negative from the top (default -1: the last)")
-    a.add_argument("--alignment-head", type=int, metavar="H",
-                   help="one head, 1-based (default: the mean of all heads)")
-    a.add_argument("--alignment-unit", choices=["word", "piece"], default="word",
-                   help="align words (pieces merged back, default) or subword pieces")
-    b = p.add_argument_group("batching and hardware")
-    g = b.add_mutually_exclusive_group()
-    g.add_argument("--batch-tokens", type=int, default=4000, metavar="T",
-                   help="sentences x longest source per batch (default 4000)")
-    g.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch instead")
-    b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
-                   help="truncate longer sources, with a warning (default 1024, EOS included)")
-    b.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    add_precision_argument(b)
-    b.add_argument("--bf16", action="store_true", help="the same as --precision bf16")
-
-
-def torch_device(name: str):
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UserError(f"unknown device {name!r}; use cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    return device
-
-
-def decode_precision(args: argparse.Namespace, device) -> str:
-    """The `--precision` (or `--bf16`) of `add_search_arguments`, checked for `device`; a
-    UserError for a contradiction or int8 where it cannot run."""
-    from aiayn.decoding.precision import resolve
-
-    bf16 = getattr(args, "bf16", False)  # serve has no --bf16
-    if bf16 and args.precision not in (None, "bf16"):
-        raise UserError(f"--bf16 means --precision bf16; drop one of --bf16 and --precision "
-                        f"{args.precision}")
-    try:
-        return resolve("bf16" if bf16 else (args.precision or "fp32"), device)
-    except ValueError as e:
-        raise UserError(f"--precision: {e}") from None
-
-
-def read_input(path: str | None) -> list[str]:
-    from aiayn.data.corpus import decode_utf8, read_lines, split_lines
-
-    if path is None or path == "-":
-        return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
-    return read_lines(path)
-
-
-def search_options(args: argparse.Namespace) -> dict:
-    """Translator keyword arguments from `add_search_arguments`' options."""
-    if args.max_src_tokens < 2:
-        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
-    return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
-                nbest=args.nbest or 1, early_stop=args.early_stop,
-                # --batch-size replaces the token budget rather than adding to it
-                batch_tokens=sys.maxsize if args.batch_size else args.batch_tokens,
-                batch_size=args.batch_size)
+                   help="show progress on stderr: a bar at a terminal (the default there), a "
+                        "line every 30 seconds in a log")
 
 
 def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None) -> int:
@@ -197,8 +112,6 @@ def _alignment_options(args: argparse.Namespace, cfg) -> tuple[str, dict] | None
     """The output mode and `Translator.align`'s keywords (0-based layer and head), or None."""
     if not args.alignment:
         return None
-    from aiayn.commands.attention import one_based
-
     head = args.alignment_head
     return args.alignment, {
         "unit": args.alignment_unit,
@@ -209,7 +122,7 @@ def _alignment_options(args: argparse.Namespace, cfg) -> tuple[str, dict] | None
 def main(args: argparse.Namespace) -> int:
     import contextlib
 
-    from aiayn.io import exclusive_lock
+    from aiayn.locks import exclusive_lock
 
     with contextlib.ExitStack() as stack:
         if args.output is not None:  # one translate at a time into a file
@@ -219,8 +132,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from aiayn.io import atomic_write, check_writable
+    from aiayn.files import atomic_write, check_writable
 
+    check_precision(args, DECODE_PRECISIONS, "translate")  # before reading any model
     options = search_options(args)
     if args.alignment and args.nbest:
         raise UserError("--alignment prints the best translation's alignment; drop --nbest")
@@ -244,7 +158,7 @@ def _translate(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_writable(args.output, args.overwrite)
     device = torch_device(args.device)
-    precision = decode_precision(args, device)
+    precision = decode_precision(args, device, "translate")
     lines = None if interactive else read_input(args.input)
 
     loaded = load_models(args.model, device)

@@ -9,21 +9,23 @@ evalb`), plus corpus.json; with --signatures also SPLIT.src, the source as the m
 subtree substitution (aiayn/parsing/augment.py). Then `aiayn prepare --src-lang words --tgt-lang
 tree --train OUT/train ...` (`--src-lang src` with signatures; scripts/parsing.sh runs the whole
 recipe).
-
-    aiayn treebank --treebank treebank.zip --out corpus
-    aiayn treebank --treebank wsj/ --out corpus --splits train=200-2199,valid=2200-2299,test=2300-2399
 """
 
 from __future__ import annotations
 
 import argparse
 
+from aiayn.commands.common import set_examples
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from aiayn.parsing.treebank import DEFAULT_SPLITS
 
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.epilog = __doc__.split("\n\n", 1)[1]
+    set_examples(p, "aiayn treebank --treebank treebank.zip --out corpus",
+                 "aiayn treebank --treebank treebank.zip --out corpus --signatures 3 --augment 2",
+                 "aiayn treebank --treebank wsj/ --out corpus "
+                 "--splits train=200-2199,valid=2200-2299,test=2300-2399",
+                 about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--treebank", required=True, metavar="PATH",
                    help="a directory or a zip holding PTB-format .mrg files (searched recursively)")
     p.add_argument("--out", required=True, metavar="DIR", help="where to write the corpus files")
@@ -50,6 +52,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace corpus files already in --out")
 
 
+def corpus_files(splits: str, signatures: int) -> set[str]:
+    """The names `aiayn treebank --splits SPLITS --signatures N` writes in --out."""
+    from aiayn.parsing.treebank import parse_split_spec
+    from aiayn.recipes.parsing import GOLD, MODEL_SOURCE, SOURCE, TARGET
+
+    suffixes = (SOURCE, TARGET, GOLD) + ((MODEL_SOURCE,) if signatures > 0 else ())
+    return {f"{name}.{s}" for name in parse_split_spec(splits) for s in suffixes} | {"corpus.json"}
+
+
+def check_out(out, splits: str, signatures: int, overwrite: bool) -> None:
+    """Refuse, before any work, to replace a file of --out that an earlier `aiayn treebank` there
+    did not write (its corpus.json names them), and an earlier corpus without --overwrite."""
+    from aiayn.checks import read_json
+    from aiayn.errors import UserError
+
+    existing = sorted(n for n in corpus_files(splits, signatures) if (out / n).exists())
+    if not existing:
+        return
+    if not (out / "corpus.json").is_file():
+        raise UserError(f"{out / existing[0]} exists and was not written by aiayn treebank (there "
+                        f"is no {out}/corpus.json); choose another --out or move it away")
+    if not overwrite:
+        raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
+    old = read_json(out / "corpus.json", {"splits": str, "?signatures": int})
+    ours = corpus_files(old["splits"], old.get("signatures", 0))
+    foreign = [n for n in existing if n not in ours]
+    if foreign:
+        raise UserError(f"{out / foreign[0]} is not a file of the corpus in {out} (its corpus.json "
+                        f"does not list it); --overwrite replaces only what aiayn treebank wrote: "
+                        f"move it away, or choose another --out")
+
+
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -57,8 +91,7 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.recipes.parsing import write_corpus
 
     out = Path(args.out)
-    if (out / "corpus.json").exists() and not args.overwrite:
-        raise UserError(f"{out} already holds a corpus; pass --overwrite to replace it")
+    check_out(out, args.splits, args.signatures, args.overwrite)
     if args.target_words < 0:
         raise UserError(f"--target-words must be >= 0, got {args.target_words}")
     if args.signatures < 0:

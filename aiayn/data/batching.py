@@ -80,8 +80,9 @@ def length_groups(src: np.ndarray, tgt: np.ndarray, chunk: int = 1 << 20,
     A counting sort written out, `chunk` pairs at a time, because the sampler runs it at every
     start-up: all it holds is `members` (4 bytes a pair) and one chunk's temporaries, where an
     argsort of the whole key array would hold 8-byte keys and 8-byte indices per pair (10M pairs:
-    0.3-0.5 s, peak 78 MB; docs/wmt.md). Keys too spread for a lookup table of `table_limit`
-    entries (sentences of thousands of tokens, as translation may meet) take np.unique instead.
+    0.3-0.5 s, peak 78 MB; docs/experiments/wmt.md). Keys too spread for a lookup table of
+    `table_limit` entries (sentences of thousands of tokens, as translation may meet) take
+    np.unique instead.
     """
     n = len(src)
     smax, tmax = int(src.max(initial=0)), int(tgt.max(initial=0))
@@ -237,7 +238,7 @@ class TokenBatchSampler:
 
     Start-up does no per-epoch work: an epoch's plan is its batch order (one number a batch) and,
     made when a batch first needs it, each length group's shuffled copy; so the first batch comes
-    as fast at 10M pairs as at 0.3M (docs/wmt.md).
+    as fast at 10M pairs as at 0.3M (docs/experiments/wmt.md).
     """
 
     def __init__(

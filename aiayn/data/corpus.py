@@ -35,8 +35,8 @@ from typing import IO, Iterator, Sequence
 
 import numpy as np
 
+from aiayn.checks import reading
 from aiayn.errors import UserError
-from aiayn.io import reading
 
 GZIP_MAGIC = b"\x1f\x8b"
 SGML_SUFFIXES = (".sgm", ".sgml")

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from aiayn.checks import check_schema, read_json
 from aiayn.config import Config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
-from aiayn.io import check_schema, read_json
 
 FORMAT = "aiayn-dataset"
 FORMAT_VERSION = 2  # the layout; version 1 is still read (see the module docstring)
@@ -65,7 +65,7 @@ _COUNTS = ("pairs", "src_tokens", "tgt_tokens", "max_src_len", "max_tgt_len")
 _SHARD = {**dict.fromkeys(_COUNTS, int), "files": {str: str}}
 _SPLIT = {**dict.fromkeys(_COUNTS, int), "input_pairs": int, "filtered": (_FILTERED, None),
           "raw_text": bool}
-# What aiayn reads from manifest.json (aiayn.io.check_schema); prepare writes more (sources, software).
+# What aiayn reads from manifest.json (aiayn.checks.check_schema); prepare writes more (sources, software).
 MANIFEST_SCHEMA = {
     "format": str, "version": int, "?fingerprint": str, "src_lang": str, "tgt_lang": str,
     "shared_vocab": bool, "vocab": {"src": _VOCAB, "tgt": _VOCAB},

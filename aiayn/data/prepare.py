@@ -20,7 +20,7 @@
    nothing or a complete dataset. An error in the inputs or options removes the work directory;
    an I/O failure (disk full) keeps it, to resume once the cause is fixed.
 5. One writer. While it checks and writes, `prepare_dataset` holds the output's lock
-   (`aiayn.io.exclusive_lock`): a second prepare into the same directory (or its work directory)
+   (`aiayn.locks.exclusive_lock`): a second prepare into the same directory (or its work directory)
    meanwhile is refused.
 
 Memory: the sample while the vocabulary is learned, then one shard's ids and a few chunks in
@@ -48,7 +48,10 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
+import sentencepiece
 
+from aiayn import __version__
+from aiayn.checks import sha256_file
 from aiayn.data.corpus import ParallelSource, empty_pairs, nul_pairs
 from aiayn.data.dataset import (
     FORMAT,
@@ -70,7 +73,9 @@ from aiayn.data.shards import (
 )
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
 from aiayn.errors import OutputError, UserError
-from aiayn.io import atomic_write, exclusive_lock, publish_dir, sha256_file
+from aiayn.files import atomic_write, publish_dir
+from aiayn.locks import exclusive_lock
+from aiayn.progress import Progress
 
 CHUNK_PAIRS = 10_000  # pairs per encoding task
 SHARD_PAIRS = 1_000_000  # input pairs per training shard (~120 MB of ids for WMT sentences)
@@ -96,7 +101,7 @@ class PrepareOptions:
     # training pairs the vocabulary is learned from, a seeded uniform sample (0: every pair).
     # Sentencepiece's BPE time and memory grow with its input: on text as varied as WMT's, a
     # 37,000-piece vocabulary learned from 1M pairs peaked at 2.87 GB, from 500,000 pairs (a
-    # million sentences) at 1.87 GB (docs/wmt.md).
+    # million sentences) at 1.87 GB (docs/experiments/wmt.md).
     vocab_sample: int = 500_000
 
     def check(self) -> None:
@@ -231,11 +236,9 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
            shard_pairs: int, chunk_pairs: int, progress: bool, say) -> dict:
     """Check the training corpus while sampling it, learn the vocabulary into a fresh `work`;
     the run's initial state."""
-    from tqdm import tqdm
-
     say(f"checking {', '.join(str(p) for p in source.files)}")
     reservoir = PairReservoir(options.vocab_sample or None)
-    with tqdm(desc="checking train", unit=" pairs", unit_scale=True, disable=None if progress else True) as bar:
+    with Progress(desc="checking train", unit="pairs", unit_scale=True, enabled=progress) as bar:
         for s, t in source.iter_chunks(chunk_pairs):
             reservoir.add(s, t)
             bar.update(len(s))
@@ -261,8 +264,6 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
 def _encode_train(work: Path, state: dict, source: ParallelSource, toks: dict, options: PrepareOptions,
                   chunk_pairs: int, workers: int, progress: bool) -> None:
     """Encode, clean and write the training shards not yet in `state`, recording each."""
-    from tqdm import tqdm
-
     n, shard_pairs, done = state["train_pairs"], state["shard_pairs"], len(state["shards"])
     chunk = math.gcd(shard_pairs, chunk_pairs)  # chunks never straddle shards
     chunks = source.iter_chunks(chunk)
@@ -275,8 +276,8 @@ def _encode_train(work: Path, state: dict, source: ParallelSource, toks: dict, o
     counts = dict.fromkeys(FILTERS, 0)
     in_shard = 0
     with ChunkEncoder(toks["src"], toks["tgt"], workers if n - done * shard_pairs > chunk else 0) as encoder, \
-            tqdm(total=n, initial=done * shard_pairs, desc="encoding train", unit=" pairs", unit_scale=True,
-                 disable=None if progress else True) as bar:
+            Progress(n, initial=done * shard_pairs, desc="encoding train", unit="pairs",
+                     unit_scale=True, enabled=progress) as bar:
         for enc in encoder.map(chunks):
             good, c = clean(enc, options.max_len, options.max_ratio)
             kept.append(good)
@@ -411,10 +412,6 @@ def _build(out: Path, splits: Mapping[str, ParallelSource], options: PrepareOpti
 
 
 def _manifest(state: dict, options: PrepareOptions, split_info: dict) -> dict:
-    import sentencepiece
-
-    from aiayn import __version__
-
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -13,7 +13,8 @@ import numpy as np
 
 from aiayn.data.dataset import idx_file, ids_file
 from aiayn.data.encode import EncodedChunk
-from aiayn.io import atomic_write, sha256_file
+from aiayn.checks import sha256_file
+from aiayn.files import atomic_write
 
 PROGRESS_FILE = "progress.json"
 

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 from aiayn.errors import UserError
-from aiayn.io import atomic_write
+from aiayn.files import atomic_write
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "Tokenizer", "train_tokenizers", "MODEL_TYPES"]

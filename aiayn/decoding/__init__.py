@@ -3,7 +3,7 @@
 - `common`    `Hypothesis`, the GNMT length penalty, maximum output lengths, source batches;
 - `greedy`    `greedy_search`;
 - `beam`      `beam_search` (length penalty, exact early stopping, n-best lists);
-- `precision` the decoding arithmetic: fp32 (the default), bf16, int8, auto;
+- `precision` the decoding arithmetic: auto, fp32, bf16, int8;
 - `translate` `Translator`: text in, text out, batched by length, input order kept.
 
 The names below are imported on first use, so that importing this package (the CLI does, for
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 # `--precision` values of `aiayn translate` (aiayn/decoding/precision.py)
-DECODE_PRECISIONS = ("fp32", "bf16", "int8", "auto")
+DECODE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # when a sentence's beam search ends (aiayn/decoding/beam.py): "exact", the default, or "current"
 EARLY_STOP_RULES = ("exact", "current")
 

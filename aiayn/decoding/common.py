@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import Config
+from aiayn.data.batching import pad_rows
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 # Never an output: PAD is not a token, BOS only ever starts the decoder input.
@@ -184,8 +185,6 @@ def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = 
                  ) -> tuple[Tensor, Tensor]:
     """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD.
     Returns src (B, S) int64 and src_mask (B, S) bool, True at real tokens."""
-    from aiayn.data.batching import pad_rows
-
     rows, lengths = pad_rows(sources)  # (B, S): pieces, then a free column for EOS
     rows[np.arange(len(rows)), lengths] = EOS_ID
     src = torch.from_numpy(rows).to(device)

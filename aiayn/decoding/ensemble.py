@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.common import decoder_length_cap, decoding_defaults
+from aiayn.errors import UserError
+from aiayn.model.io import LoadedModel, load_model
 
 
 @dataclass
@@ -107,9 +109,6 @@ def load_models(paths: Sequence[str | os.PathLike], device: str | torch.device =
     """One model directory: `aiayn.model.io.load_model`'s `LoadedModel`. Several: one
     `LoadedModel` whose model is their `Ensemble`, with the first's tokenizers, config and meta;
     a UserError (one line) when a model's tokenizers differ from the first's."""
-    from aiayn.errors import UserError
-    from aiayn.model.io import LoadedModel, load_model
-
     if not paths:
         raise UserError("no model directory given")
     loaded = [load_model(p, device) for p in paths]

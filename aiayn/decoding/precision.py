@@ -1,6 +1,6 @@
 """The arithmetic decoding runs in (`aiayn translate --precision`, `Translator(precision=...)`).
 
-- fp32 (the default): the model as trained, the paper's arithmetic.
+- fp32: the model as trained, the paper's arithmetic.
 - bf16: the weights cast to bfloat16 once; log-softmax and beam scores stay float32. Fast only
   where the CPU multiplies bf16 natively (AVX512-BF16, AMX) or on a GPU; emulated, and slow, on
   an AVX2-only CPU.
@@ -9,7 +9,13 @@
   Transformer only (the RNN baseline is refused). Not the paper's arithmetic, so never the
   default: outputs may differ from fp32's where two hypotheses score within the quantization
   error (tests/test_decoding_int8.py states the tolerance).
-- auto: the one of these measured fastest on this kind of machine (`auto_precision`).
+- auto (the CLI's default): what it means for every command, `aiayn.precision.auto_precision`:
+  bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), the fastest aiayn row of the peer
+  harness on both such kinds measured (Xeon with AMX, EPYC Zen 4); else fp32. On the AVX2 EPYC
+  int8 was 1.2-1.4x fp32 in the harness (batches of 50 sentences) but not faster translating
+  the Multi30k test set end to end (its default batches of ~1,200 beams, where fp32 products
+  run near the machine's peak), so auto never picks it (docs/guides/decoding.md, "--precision
+  auto", has the measurements).
 
 Conversion is in place: a model converted once (to bf16 or int8) serves every `Translator` built
 on it afterwards, and cannot go back to fp32 (load it again).
@@ -22,24 +28,7 @@ from typing import Any
 import torch
 
 from aiayn.decoding import DECODE_PRECISIONS
-
-
-def auto_precision(device: torch.device | str) -> str:
-    """`auto`: the decoding precision measured fastest on this kind of machine (docs/decoding.md,
-    "--precision auto", has the measurements):
-    - a CPU that multiplies bf16 natively (AMX, AVX512-BF16): bf16, the fastest aiayn row of the
-      peer harness on both such kinds measured (Xeon with AMX, EPYC Zen 4);
-    - a GPU: bf16;
-    - any other CPU: fp32. On the AVX2 EPYC int8 was 1.2-1.4x fp32 in the harness (batches of 50
-      sentences) but not faster translating the Multi30k test set end to end (its default
-      batches of ~1,200 beams, where fp32 products run near the machine's peak), so it is not
-      chosen there."""
-    from aiayn.training.precision import cpu_has_native_bf16
-
-    device = torch.device(device)
-    if device.type == "cuda" or cpu_has_native_bf16():
-        return "bf16"
-    return "fp32"
+from aiayn.precision import auto_precision
 
 
 def resolve(precision: str, device: torch.device | str) -> str:
@@ -49,7 +38,7 @@ def resolve(precision: str, device: torch.device | str) -> str:
 
     device = torch.device(device)
     if precision not in DECODE_PRECISIONS:
-        raise ValueError(f"unknown decoding precision {precision!r}; choose from "
+        raise ValueError(f"unknown decoding precision {precision!r}; decoding runs in "
                          f"{', '.join(DECODE_PRECISIONS)}")
     if precision == "auto":
         return auto_precision(device)

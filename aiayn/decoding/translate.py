@@ -23,13 +23,23 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from aiayn.data.batching import length_batches
 from aiayn.decoding import EARLY_STOP_RULES
+from aiayn.decoding import precision as decode_precision
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.beam import beam_search
-from aiayn.decoding.common import (AttentionRequest, Hypothesis, StepConstraint, check_index,
-                                   decoding_defaults, source_batch)
+from aiayn.decoding.common import (
+    AttentionRequest,
+    Hypothesis,
+    StepConstraint,
+    check_index,
+    decoding_defaults,
+    source_batch,
+)
 from aiayn.decoding.greedy import greedy_search
 from aiayn.errors import UserError
+from aiayn.model.io import LoadedModel
+from aiayn.progress import Progress
 
 DEFAULT_MAX_SRC_TOKENS = 1024
 
@@ -111,14 +121,10 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     The model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
     during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
     unless its weights are bf16 already.
-    Sources must fit the model (`Translator.prepare` truncates). Progress (tqdm, stderr) counts
+    Sources must fit the model (`Translator.prepare` truncates). Progress (aiayn/progress.py, stderr) counts
     sentences. `constraint`, when given, builds each batch's step constraint."""
-    from tqdm import tqdm
-
     cfg = decoding_defaults(model)
     options.validate(cfg)
-    from aiayn.data.batching import length_batches
-
     device = model_device(model)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     # A model whose weights are already bf16 (`Translator(precision="bf16")`) runs as it is;
@@ -129,8 +135,8 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     if was_training:
         model.eval()
     try:
-        with tqdm(total=len(sources), disable=not progress, file=sys.stderr, unit="sent",
-                  dynamic_ncols=True, leave=False) as bar, autocast:
+        with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
+                      leave=False) as bar, autocast:
             for batch in length_batches([len(s) for s in sources], options.batch_tokens,
                                         max_sentences=options.batch_size):
                 src, src_mask = source_batch([sources[i] for i in batch], device)
@@ -175,8 +181,6 @@ class Translator:
     def __init__(self, loaded: Any, *, precision: str = "fp32", convert: bool = True,
                  max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
                  warn: Callable[[str], None] | None = None, **options: Any):
-        from aiayn.decoding import precision as decode_precision
-
         self.loaded = loaded
         self.src_tokenizer = loaded.src_tokenizer
         self.tgt_tokenizer = loaded.tgt_tokenizer
@@ -204,8 +208,6 @@ class Translator:
                   **kwargs: Any) -> "Translator":
         """A translator for an in-memory model (e.g. dev BLEU during training); it never changes
         the model's weights: precision fp32 (the default) or bf16, which then means autocast."""
-        from aiayn.model.io import LoadedModel
-
         tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
         return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt),
                    convert=False, **kwargs)

@@ -14,7 +14,10 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any, Callable
 
+import torch
+
 from aiayn.special import PAD_ID
+from aiayn.training.loss import label_smoothed_loss
 
 
 def _device_of(model: Any):
@@ -39,10 +42,6 @@ def reference_perplexity(model: Any, batches: Iterable[Any], pad_id: int = PAD_I
     with another calling convention (benchmarks score other systems this way); the batch is then
     passed as it is. Raises ValueError when the batches hold no target token.
     """
-    import torch
-
-    from aiayn.training.loss import label_smoothed_loss
-
     device = _device_of(model)
     was_training = getattr(model, "training", None)
     if was_training:

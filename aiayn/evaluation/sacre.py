@@ -2,6 +2,9 @@
 
 Today's standard for reporting: the metric does its own
 tokenization, so numbers are comparable across systems; the signature records the settings.
+
+sacrebleu is imported when a score is computed: the package `aiayn.evaluation` imports this
+module, and what imports the package for other metrics (G2P error rates) need not pay for it.
 """
 
 from __future__ import annotations

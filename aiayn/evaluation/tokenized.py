@@ -7,6 +7,9 @@ the BLEU core in `bleu.py` (what multi-bleu.perl computes):
   the tensor2tensor script `get_ende_bleu.sh` does (`Kreuz-Fahrt` -> `Kreuz ##AT##-##AT## Fahrt`),
   on both hypothesis and reference;
 - Multi30k style: lowercased, punctuation-normalised, Moses-tokenized, no compound splitting.
+
+sacremoses is imported when text is first tokenized (`_moses`, `_normalizer`): it takes about a
+second, which what imports `aiayn.evaluation` for another metric need not pay.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def split_hyphen_compounds(line: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _moses(lang: str):
-    from sacremoses import MosesTokenizer  # imported lazily: only tokenized BLEU needs it
+    from sacremoses import MosesTokenizer
 
     return MosesTokenizer(lang=lang)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +15,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.config import Config
-
-if TYPE_CHECKING:  # banded imports this module
-    from aiayn.model.banded import Band
+from aiayn.model.banded import Band, banded_attention
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -45,19 +42,6 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
 def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
     """(t, t) bool, True where key j <= query i: the decoder may not look ahead (§3.2.3)."""
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()
-
-
-def window_mask(t_q: int, t_k: int, r: int, causal: bool, offset: int = 0,
-                device: torch.device | None = None) -> Tensor:
-    """Restricted self-attention (Table 1): query i may attend key j when |i - j| <= r
-    (and j <= i when causal). `offset` is the absolute position of the first query (decoding).
-    Returns (t_q, t_k) bool."""
-    i = torch.arange(t_q, device=device).unsqueeze(1) + offset  # (t_q, 1)
-    j = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
-    allowed = (i - j).abs() <= r
-    if causal:
-        allowed &= j <= i
-    return allowed
 
 
 _MATH_ONLY = [SDPBackend.MATH]
@@ -114,14 +98,12 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(memory).split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: "Tensor | Band | None",
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Band | None,
                is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attention over projected heads, then concat and W^O. Returns (B, T, d_model) and the
         (B, h, T, S) weights when asked (explicit path; same outputs as the fused kernel).
         A `Band` mask (restricted self-attention) computes only each query's window; asked for
         weights, it is made dense (for pictures, not speed)."""
-        from aiayn.model.banded import Band, banded_attention
-
         p = self.p_attn_drop if self.training else 0.0
         if isinstance(mask, Band):
             if need_weights:

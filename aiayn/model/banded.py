@@ -23,7 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.model.attention import window_mask
+
+def window_mask(t_q: int, t_k: int, r: int, causal: bool, offset: int = 0,
+                device: torch.device | None = None) -> Tensor:
+    """Restricted self-attention (Table 1): query i may attend key j when |i - j| <= r
+    (and j <= i when causal). `offset` is the absolute position of the first query (decoding).
+    Returns (t_q, t_k) bool."""
+    i = torch.arange(t_q, device=device).unsqueeze(1) + offset  # (t_q, 1)
+    j = torch.arange(t_k, device=device).unsqueeze(0)  # (1, t_k)
+    allowed = (i - j).abs() <= r
+    if causal:
+        allowed &= j <= i
+    return allowed
 
 
 @dataclass(frozen=True)

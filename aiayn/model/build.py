@@ -5,15 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from aiayn.config import Config
+from aiayn.model.rnn import RNNSearch
+from aiayn.model.transformer import Transformer
 
 
 def build_model(cfg: Config) -> nn.Module:
     """The architecture `cfg.arch` names, freshly initialised: the Transformer (§3), or the
     attention-based RNN encoder-decoder baseline (`aiayn.model.rnn`)."""
     if cfg.arch == "rnn":
-        from aiayn.model.rnn import RNNSearch
-
         return RNNSearch(cfg)
-    from aiayn.model.transformer import Transformer
-
     return Transformer(cfg)

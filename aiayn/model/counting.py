@@ -7,13 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from aiayn.config import Config
+from aiayn.model.build import build_model
 
 
 def count_parameters(cfg: Config) -> int:
     """Exact trainable-parameter count of the model `cfg` describes (`build_model`), each shared
     matrix counted once. Builds the model on the meta device, so even `big` costs no memory."""
-    from aiayn.model.build import build_model
-
     with torch.device("meta"):
         model = build_model(cfg)
     return sum(p.numel() for p in model.parameters())

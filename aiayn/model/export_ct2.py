@@ -26,6 +26,9 @@ Two behaviours stay with the caller: aiayn's searches never emit PAD or BOS, so 
 `suppress_sequences=[["<pad>"], ["<s>"]]` (our piece names) to `translate_batch` for identical
 outputs; and the positional table has `max_positions` rows, the longest input or output
 CTranslate2 can then take.
+
+ctranslate2 is an optional dependency (`pip install 'aiayn[export]'`), imported where it is used:
+without it this module still imports, and `require_ctranslate2` says what to install.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from typing import Any, Sequence
 
 from aiayn.config import Config
 from aiayn.errors import UserError
+from aiayn.files import check_writable, write_dir_atomically
+from aiayn.locks import exclusive_lock
+from aiayn.model.io import load_model, read_config, tokenizer_files
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Rows of the sinusoid table when the caller gives none: a source of 1024 tokens (aiayn
@@ -174,8 +180,6 @@ def check_quantization(quantization: str | None) -> None:
 def check_replaceable(out: Path, overwrite: bool) -> None:
     """Refuse an existing `out` without `overwrite`, and always one that is not a CTranslate2
     model directory (what this command writes): a user's own directory is never replaced."""
-    from aiayn.io import check_writable
-
     check_writable(out, overwrite)
     if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
                                      and (out / "model.bin").is_file()):
@@ -187,8 +191,6 @@ def save_spec(spec: Any, out_dir: str | os.PathLike, quantization: str | None = 
               overwrite: bool = False, files: Sequence[Path] = ()) -> Path:
     """Quantize (optional) and write `spec` to `out_dir` atomically, with `files` copied beside;
     the output is locked while it is written (a second export into it is refused)."""
-    from aiayn.io import exclusive_lock, write_dir_atomically
-
     check_quantization(quantization)
     with exclusive_lock(out_dir, "aiayn export", "wait for it to finish, or choose another output"):
         check_replaceable(Path(out_dir), overwrite)
@@ -205,8 +207,6 @@ def export_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """Convert an aiayn model directory into a CTranslate2 model directory (model.bin,
     config.json, vocabularies) holding also the sentencepiece model(s), to tokenize with."""
     require_ctranslate2()
-    from aiayn.model.io import load_model, read_config, tokenizer_files
-
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     check_quantization(quantization)

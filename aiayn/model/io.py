@@ -23,14 +23,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from aiayn.checks import read_json
 from aiayn.config import Config
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import UserError
-from aiayn.io import read_json, write_dir_atomically
+from aiayn.files import write_dir_atomically
+from aiayn.model.build import build_model
 
 CONFIG_FILE, WEIGHTS_FILE, META_FILE = "config.json", "model.safetensors", "meta.json"
 SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
 
-# The fields of meta.json that aiayn writes, each optional (aiayn.io.check_schema).
+# The fields of meta.json that aiayn writes, each optional (aiayn.checks.check_schema).
 META_SCHEMA = {
     "?step": int, "?epoch": float, "?src_lang": (str, None), "?tgt_lang": (str, None),
     "?dataset": str, "?dataset_fingerprint": (str, None), "?dev": (dict, None),
@@ -115,9 +118,6 @@ def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], w
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedModel:
     """Read a model directory: model (eval mode, on `device`), config, tokenizers and meta."""
-    from aiayn.data.tokenizer import Tokenizer  # sentencepiece, only when loading
-    from aiayn.model.build import build_model
-
     p = Path(path)
     cfg = read_config(p)
     model = build_model(cfg)

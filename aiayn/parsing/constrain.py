@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from aiayn.parsing.linearize import PTB_TAGS, SLOT
-from aiayn.special import EOS_ID, PAD_ID, BOS_ID, UNK_ID
+from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 WORD_MARK = "\u2581"  # sentencepiece's word-start mark

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Container, Sequence
 
-from aiayn.parsing.treebank import tree_class, is_preterminal
+from aiayn.parsing.treebank import is_preterminal, tree_class
 
 SLOT = "XX"  # the one part-of-speech symbol of the normalised target
 ROOT = "S"  # label of the root added above several top-level pieces (the commonest root label)

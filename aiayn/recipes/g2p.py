@@ -7,19 +7,25 @@ on the held-out words -> word and phoneme error rates. The saved model then answ
 
 Re-running reuses what is done: a finished model is evaluated again; an interrupted training run
 (killed, or out of time) resumes from its last checkpoint.
+
+aiayn/presets.py imports this module for its preset, so the pipeline's own steps (torch, the data
+pipeline, the trainer, the decoder) are imported inside the functions that run them: looking up a
+preset (`aiayn info --list`) does not pay for them.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from dataclasses import replace
-
+from aiayn.checks import read_json
 from aiayn.config import BASE, Config
-from aiayn.io import atomic_write, read_json
+from aiayn.evaluation.g2p import phoneme_error_rate, word_error_rate
+from aiayn.files import atomic_write
+from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
 
 # The demo's model: 3+3 layers of width 128, the rate falling linearly to 0 over the run's last
 # 20%, chosen by runs scored on the validation words (docs/experiments/g2p.md): at a few minutes'
@@ -48,13 +54,14 @@ def _final_model(run_dir: Path, model_dir: Path) -> list[str]:
 
 
 def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
-                 beam_size: int | None = None, progress: bool = True) -> dict:
-    """Beam-search each word; WER (no reference pronunciation matched) and PER."""
+                 beam_size: int | None = None, progress: bool = True,
+                 device: str | None = None) -> dict:
+    """Beam-search each word (in fp32, so results compare across machines); WER (no reference
+    pronunciation matched) and PER. `device` None: the CPU."""
     from aiayn.decoding.translate import Translator
-    from aiayn.evaluation.g2p import phoneme_error_rate, word_error_rate
     from aiayn.model.io import load_model
 
-    tr = Translator(load_model(model_dir), beam_size=beam_size)
+    tr = Translator(load_model(model_dir, device or "cpu"), beam_size=beam_size)
     t0 = time.perf_counter()
     hyps = tr.translate(words, progress=progress)
     seconds = time.perf_counter() - t0
@@ -65,14 +72,15 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
 
 def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL, preset: str = "g2p-small",
             overrides: list[str] | None = None, minutes: float = 7.5, seed: int = 1,
-            threads: int | None = None, precision: str = "auto", retrain: bool = False,
+            threads: int | None = None, precision: str = "auto", device: str | None = None,
+            retrain: bool = False,
             max_train_words: int | None = None, n_valid: int = 2000, n_test: int = 6000,
             progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    """The whole demo, training `cfg` (named `preset` with `overrides` in the logs and results);
-    returns the results (also written to OUT/results.json)."""
+    """The whole demo, training `cfg` (named `preset` with `overrides` in the logs and results)
+    on `device` (None: the GPU when there is one); returns the results (also written to
+    OUT/results.json)."""
     from aiayn.data.corpus import ParallelSource
     from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
-    from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
     from aiayn.training.trainer import TrainOptions, train
 
     t_start = time.perf_counter()
@@ -100,7 +108,8 @@ def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL, preset: str = "g2p-sma
         # the last 4 minutes beat the last checkpoint by 1.2 points of WER, the last 8 by 0.35.
         summary = train(None if resume else cfg, data, run, TrainOptions(
             time_budget=minutes, eval_every=500, eval_bleu_sentences=0, seed=seed,
-            threads=threads, precision=precision, resume=resume, overwrite=retrain, progress=progress,
+            threads=threads, precision=precision, device=device, resume=resume, overwrite=retrain,
+            progress=progress,
             save_minutes=max(minutes / 30, 0.1), tensorboard=True))
         averaged = _final_model(run, model)
         log(f"final model: the average of {len(averaged)} checkpoints ({', '.join(averaged)})")
@@ -114,10 +123,10 @@ def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL, preset: str = "g2p-sma
 
     # Valid is for choosing settings (docs/experiments/g2p.md); test is reported.
     valid = evaluate_g2p(model, (corpus / "valid.src").read_text(encoding="utf-8").splitlines(),
-                         read_refs(corpus / "valid.refs"), progress=progress)
+                         read_refs(corpus / "valid.refs"), progress=progress, device=device)
     test_words = (corpus / "test.src").read_text(encoding="utf-8").splitlines()
     refs = read_refs(corpus / "test.refs")
-    res = evaluate_g2p(model, test_words, refs, progress=progress)
+    res = evaluate_g2p(model, test_words, refs, progress=progress, device=device)
     results = {
         "wer": res["wer"], "per": res["per"], "test_words": res["words"],
         "valid_wer": valid["wer"], "valid_per": valid["per"],

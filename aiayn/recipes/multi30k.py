@@ -21,7 +21,7 @@ TRANSLATION_SMALL = replace(BASE, n_layers=3, d_model=256, d_ff=1024, n_heads=4,
 
 # Not the paper's model: the RNN encoder-decoder baseline (Bahdanau et al. 2015, `arch="rnn"`,
 # aiayn.model.rnn) for the same data and hour, its settings chosen on val by short runs
-# (docs/rnn-vs-transformer.md): the update size, P_drop and cooldown of `translation-small`; its
+# (docs/experiments/rnn-vs-transformer.md): the update size, P_drop and cooldown of `translation-small`; its
 # own sizes and a 200-step warmup to a peak rate of 3.1e-3 (Eq. 3 scales by d_model^-0.5, and
 # d_model, 512 here, is otherwise unused).
 TRANSLATION_SMALL_RNN = replace(BASE, arch="rnn", rnn_emb=256, rnn_hidden=256, rnn_attn=256,

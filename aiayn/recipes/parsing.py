@@ -27,8 +27,12 @@ from pathlib import Path
 
 from aiayn.config import PRESETS as PAPER_PRESETS
 from aiayn.errors import UserError
-from aiayn.io import atomic_write
+from aiayn.files import atomic_write
+from aiayn.parsing.augment import substitute
 from aiayn.parsing.chart.config import ChartConfig
+from aiayn.parsing.linearize import linearize
+from aiayn.parsing.signatures import replace_rare
+from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
 
 # §6.3's sequence-to-sequence parser at the size of the 10% WSJ sample on 2 CPU cores: 3+3 pre-norm
 # layers of width 128 (the paper's post-norm encoder collapses to one vector on this data),
@@ -74,11 +78,6 @@ def write_corpus(treebank: str | Path, out_dir: str | Path, splits: str | None =
     train files also hold `augment` rounds of new trees made by subtree substitution
     (aiayn/parsing/augment.py), after the treebank's; word counts, and so signatures and the
     target's words, come from the treebank's trees alone."""
-    from aiayn.parsing.augment import substitute
-    from aiayn.parsing.linearize import linearize
-    from aiayn.parsing.signatures import replace_rare
-    from aiayn.parsing.treebank import DEFAULT_SPLITS, read_treebank, split_treebank, tree_line
-
     spec = splits or DEFAULT_SPLITS
     parts = split_treebank(read_treebank(treebank), spec)
     out = Path(out_dir)

@@ -18,7 +18,8 @@ and a row applies the paper's delta to it with each size multiplied by the same 
 Every row trains the same number of updates on the same batches (seed 1); the base row is also
 trained with seeds 2 and 3 for the noise. The `big` row (trained 3x longer in the paper) and
 `parsing` (not a Table 3 row) are not part of the study. The runner is `table3_study`, the report
-`table3_report`; docs/table3.md has the results.
+`table3_report`; docs/experiments/table3.md has the results, docs/guides/table3.md the
+scaling of each row.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ ROWS: tuple[str, ...] = tuple(n for n in PAPER_PRESETS if n not in ("big", "big-
 
 # The study base: the paper's base with N x 1/2 and every width x 1/4 (see the module docstring),
 # the paper's dropout and label smoothing, and a recipe for a few minutes of CPU per row: a
-# warmup and an update size fit for a run of UPDATES updates (docs/table3.md says how they were
-# chosen from a learning curve).
+# warmup and an update size fit for a run of UPDATES updates (docs/experiments/table3.md says how
+# they were chosen from a learning curve).
 DEPTH_SCALE, WIDTH_SCALE = 1 / 2, 1 / 4
 UPDATES = 1200
 TABLE3 = replace(BASE, n_layers=3, d_model=128, d_ff=512, warmup_steps=400, max_tokens=2048,

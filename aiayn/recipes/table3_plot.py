@@ -1,11 +1,16 @@
 """The Table 3 study's plots (matplotlib, headless), drawn from what results.json holds
-(table3_report): each row's difference from the base beside the paper's, and the dev curves."""
+(table3_report): each row's difference from the base beside the paper's, and the dev curves.
+
+matplotlib is imported when a plot is drawn (`_pyplot`): importing it takes about a second, which
+whoever imports the study's report without drawing (its tests, a report of no rows) need not pay."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import Any
+
+from aiayn.files import atomic_write
 
 # One colour per group of Table 3 rows (the letter before the row's variant).
 GROUP_COLOURS = {"b": "black", "A": "tab:blue", "B": "tab:orange", "C": "tab:green",
@@ -29,8 +34,6 @@ def plot_differences(doc: dict[str, Any], path: Path) -> None:
     """Two panels, one line per run (paper order, top to bottom): dev perplexity change relative
     to the base row (%, ours filled, the paper's hollow) and dev BLEU difference (points), with the
     base row's noise band shaded."""
-    from aiayn.io import atomic_write
-
     plt = _pyplot()
     rows = doc["rows"]
     base = next((r for r in rows if r["row"] == "base" and r["seed"] == 1), None)
@@ -101,8 +104,6 @@ def _centre(values: list[float], order: list[int], a: int, n: int) -> float:
 
 def plot_curves(doc: dict[str, Any], path: Path) -> None:
     """Dev perplexity by update, one line per run, coloured by Table 3 group."""
-    from aiayn.io import atomic_write
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     ax.set_yscale("log")  # before the labels: their spacing is measured on this axis

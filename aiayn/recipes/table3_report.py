@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import UserError
-from aiayn.io import atomic_write
+from aiayn.files import atomic_write
 from aiayn.recipes.table3 import CLAIMS, PAPER_TABLE3, ROWS, Claim
-from aiayn.recipes.table3_study import ROW_FILE, RUNS, STUDY_FILE, RowResult
+from aiayn.recipes.table3_plot import plot_curves, plot_differences
+from aiayn.recipes.table3_study import ROW_FILE, RUNS, STUDY_FILE, SYMBOLS, RowResult
 
 CSV_FIELDS = ("name", "row", "seed", "params", "dev_ppl", "dev_bleu", "tok_s", "paper_ppl",
               "paper_bleu", "paper_params_m", "change")
@@ -111,8 +112,6 @@ def gather(out: str | Path) -> list[RowResult]:
 
 def row_record(r: RowResult) -> dict[str, Any]:
     """A run as one flat object of results.json / results.csv (the paper's columns beside)."""
-    from aiayn.recipes.table3_study import SYMBOLS
-
     paper = PAPER_TABLE3[r.row]
     change = " ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in r.config.items())
     return {"name": r.name, "row": r.row, "seed": r.seed, "params": r.params,
@@ -145,8 +144,6 @@ def report(out: str | Path) -> dict[str, Any]:
     with atomic_write(folder / "table3.md") as f:
         f.write(markdown(doc))
     if results:
-        from aiayn.recipes.table3_plot import plot_curves, plot_differences
-
         plot_differences(doc, folder / "table3.png")
         plot_curves(doc, folder / "curves.png")
     return doc

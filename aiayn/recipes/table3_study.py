@@ -22,6 +22,9 @@ Figures per row, as Table 3 measured them: dev perplexity per subword token (the
 dev evaluation, `reference_perplexity`), sacreBLEU of beam-search translations of the whole dev
 split from the final weights (beam 4, the config's length penalty, no checkpoint averaging), the
 parameter count, and training target tokens per second (time in updates; evaluation excluded).
+
+torch, the trainer and the dataset reader are imported inside the functions that run a row: the
+report (table3_report), which reads this module's file layout, needs none of them.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from aiayn.checks import read_json
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.io import atomic_write
-from aiayn.recipes.table3 import ROWS, TABLE3, row_config
+from aiayn.files import atomic_write
+from aiayn.recipes.table3 import ROWS, TABLE3, paper_delta, row_config, scale_delta
+from aiayn.training.options import TrainOptions
 
 STUDY_FILE, RUNS, ROW_FILE = "study.json", "runs", "row.json"
 
@@ -141,16 +146,16 @@ def open_study(out: Path, settings: StudySettings, data: Any) -> None:
     record = settings.record(data)
     path = out / STUDY_FILE
     if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise UserError(f"{path}: not valid JSON ({e})") from None
+        old = read_json(path, dict)
         differ = [k for k in record if old.get(k) != record[k]]
         if differ:
             raise UserError(f"{out} holds a study with other settings ({differ[0]}: "
                             f"{old.get(differ[0])!r} there); rerun it with its own settings or "
                             f"give another --out")
         return
+    if out.is_dir() and any(out.iterdir()):  # the study writes runs/ and report/ there
+        raise UserError(f"{out} is not empty and holds no study ({STUDY_FILE}); a study starts in "
+                        f"a new or empty --out")
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
         json.dump(record, f, indent=2)
@@ -190,7 +195,6 @@ def run_row(run: Run, cfg: Config, data_dir: str | Path, run_dir: Path,
             settings: StudySettings, options: RunOptions) -> RowResult:
     """Train one run to `settings.updates` (resuming what is there), then measure it and write
     its row.json."""
-    from aiayn.training.options import TrainOptions
     from aiayn.training.trainer import train
 
     summary = _finished_summary(run_dir, settings.updates)
@@ -261,8 +265,6 @@ def dev_curve(run_dir: Path) -> list[dict[str, float]]:
 
 def describe_change(row: str, base: Config) -> str:
     """The row's change to the study base in the paper's symbols, e.g. 'h=1 d_k=128 d_v=128'."""
-    from aiayn.recipes.table3 import paper_delta, scale_delta
-
     delta = scale_delta(paper_delta(row), base)
     return " ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in delta.items()) or "the study base"
 

@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
+from tqdm import tqdm
+
+from aiayn.checks import sha256_file
+from aiayn.data.corpus import decode_utf8, sgml_segments
 from aiayn.errors import UserError
-from aiayn.io import atomic_write, sha256_file
+from aiayn.files import atomic_write
 from aiayn.recipes.download import Remote, fetch
 
 WMT13, WMT14 = "http://www.statmt.org/wmt13", "http://www.statmt.org/wmt14"
@@ -132,8 +136,6 @@ def write_text_lines(stream: IO[bytes], out: IO[bytes]) -> tuple[int, int]:
 
 
 def _sgml_to_lines(stream: IO[bytes], out: IO[bytes], where: str) -> tuple[int, int]:
-    from aiayn.data.corpus import decode_utf8, sgml_segments
-
     segments = sgml_segments(decode_utf8(stream.read(), where), where)
     out.write("".join(s.replace("\n", " ") + "\n" for s in segments).encode("utf-8"))
     return len(segments), 0
@@ -143,8 +145,6 @@ def extract_members(archive: Path, wanted: dict[str, Path], progress: bool = Tru
     """Read a tar archive (gzipped or not) once, front to back, writing each member named in
     `wanted` (path inside the archive -> destination) as text lines; {member: {"lines", "replaced"}}.
     A member ending in ".gz" is gunzipped, one ending in ".sgm" becomes its segments."""
-    from tqdm import tqdm
-
     found: dict[str, dict] = {}
     size = archive.stat().st_size
     with open(archive, "rb") as raw, tqdm.wrapattr(raw, "read", total=size, desc=f"extract {archive.name}",
@@ -200,6 +200,14 @@ def download_wmt14(pair: str, out_dir: str | os.PathLike, base_url: str | None =
         if all((out / f).is_file() and sha256_file(out / f) == v["sha256"] for f, v in record["files"].items()):
             log(f"{out} is up to date ({record_path.name})")
             return record
+    # Replace only files an earlier download here wrote (its record lists them), never a user's.
+    ours = set(record["files"]) if record_path.exists() else set()
+    for stem in corpora:
+        for lang in langs:
+            dest = out / f"{stem}.{lang}"
+            if os.path.lexists(dest) and dest.name not in ours:
+                raise UserError(f"{dest} exists and was not written by aiayn download (it is not "
+                                f"in {record_path.name}); move it away, or choose another --out")
 
     needed = sorted({c.archive for cs in corpora.values() for c in cs})
     paths = {}

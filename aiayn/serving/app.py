@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI on uvicorn): `POST /translate`, `GET /health`, `/info`, `/metrics`, and the
-web page at `/`. docs/serving.md documents every request and response.
+web page at `/`. docs/guides/serving.md documents every request and response.
 
 The event loop only parses, tokenizes and answers; beam search runs on the batcher's model worker
 thread (`aiayn.serving.batcher`). Every refusal is a JSON object with one line,

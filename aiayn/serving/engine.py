@@ -7,11 +7,12 @@ translation as the same line given to `aiayn translate` with the same search set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from aiayn.decoding.common import Hypothesis
+from aiayn.decoding.common import Hypothesis, decoding_defaults
 from aiayn.decoding.translate import Translator
+from aiayn.model.counting import count_parameters
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,6 @@ class Engine:
 
     def info(self) -> dict:
         """Languages, model and decoding defaults, for `GET /info`."""
-        from dataclasses import asdict
-
-        from aiayn.decoding.common import decoding_defaults
-        from aiayn.model.counting import count_parameters
-
         cfg = self.loaded.cfg
         # an ensemble counts every member's parameters; its architecture is the first member's
         members = getattr(self.loaded.model, "members", None)

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+from safetensors.torch import save_file
 
 from aiayn.errors import UserError
+from aiayn.files import check_writable, write_dir_atomically
+from aiayn.locks import exclusive_lock
+from aiayn.model.io import WEIGHTS_FILE, read_meta, read_weights
+from aiayn.model.io import read_config as read_seq2seq_config
+
 
 class RunningMean:
     """Element-wise mean of state dicts fed one at a time (so averaging 20 big checkpoints holds one
@@ -79,13 +86,7 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
     fields. No trainer state: the result is for translating, not for resuming. `read_config`
     reads a directory's config (default: a sequence-to-sequence `Config`; aiayn/tasks.py reads
     any task's). A second average into the same `out` meanwhile is refused
-    (`aiayn.io.exclusive_lock`)."""
-    import shutil
-
-    from aiayn.io import check_writable, exclusive_lock, write_dir_atomically
-    from aiayn.model.io import WEIGHTS_FILE, read_meta, read_weights
-    from aiayn.model.io import read_config as read_seq2seq_config
-
+    (`aiayn.locks.exclusive_lock`)."""
     read_config = read_config or read_seq2seq_config
     paths = [Path(p) for p in inputs]
     if not paths:
@@ -112,8 +113,6 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
         meta["averaged_from"] = [str(p) for p in paths]
 
         def fill(tmp: Path) -> None:
-            from safetensors.torch import save_file
-
             for f in _model_files(paths[-1]):
                 if f.name not in _NOT_COPIED:
                     shutil.copyfile(f, tmp / f.name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import random
 import re
 import shutil
@@ -35,9 +36,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from aiayn import io
+from aiayn.checks import check_schema
 from aiayn.errors import UserError
-from aiayn.io import fsync_dir
+from aiayn.files import (
+    atomic_write,
+    delete_atomically,
+    fsync_dir,
+    temp_path,
+    write_dir_atomically,
+)
+from aiayn.files import remove_stale_temporaries as remove_dead_temporaries
 
 CHECKPOINTS, BEST, LAST, TRAINER_STATE = "checkpoints", "best", "last", "trainer_state.pt"
 # `write(directory, weights)`: a model directory's files (the task's, aiayn/training/task.py)
@@ -77,8 +85,8 @@ def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
     never listed as checkpoints but taking space; half-written logs). The caller holds the run's
     lock, so no other process is writing there: hidden `.step_*` directories of any age go too."""
     root = Path(run_dir) / CHECKPOINTS
-    io.remove_stale_temporaries(run_dir)
-    io.remove_stale_temporaries(root)
+    remove_dead_temporaries(run_dir)
+    remove_dead_temporaries(root)
     if root.is_dir():
         for d in root.iterdir():
             if d.name.startswith(".step_") and d.is_dir() and not d.is_symlink():
@@ -89,7 +97,7 @@ def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove what a training run writes into `run_dir` (for --overwrite), and nothing else."""
     r = Path(run_dir)
     for name in (CHECKPOINTS, BEST, "tb", LAST, "metrics.jsonl", "run.json", "summary.json"):
-        io.delete_atomically(r / name)  # a kill midway leaves no half-deleted checkpoint
+        delete_atomically(r / name)  # a kill midway leaves no half-deleted checkpoint
 
 # --- RNG states -------------------------------------------------------------------------------
 
@@ -155,8 +163,6 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, to
     the task's, then the trainer state), repoint `last`, prune to the newest `keep`, and drop
     trainer state from all but the newest. Refuses non-finite weights (a diverged run must not
     replace good checkpoints)."""
-    from aiayn.io import write_dir_atomically
-
     if not all_finite(weights):
         raise UserError(f"parameters are not finite at step {step}; not writing a checkpoint")
 
@@ -172,8 +178,6 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, weights: dict[str, to
 def save_best(run_dir: str | os.PathLike, weights: dict[str, torch.Tensor],
               write_model: ModelWriter) -> Path:
     """RUN_DIR/best: a plain model directory (no trainer state)."""
-    from aiayn.io import write_dir_atomically
-
     if not all_finite(weights):
         raise UserError("parameters are not finite; not writing the best model")
     return write_dir_atomically(Path(run_dir) / BEST, lambda tmp: write_model(tmp, weights))
@@ -181,10 +185,8 @@ def save_best(run_dir: str | os.PathLike, weights: dict[str, torch.Tensor],
 def point_last(run_dir: str | os.PathLike, target: Path) -> None:
     """Atomically (re)point the RUN_DIR/last symlink at `target` (relative, so runs can move).
     Where symlinks are not supported, `last` is a text file holding that relative path."""
-    from aiayn.io import atomic_write
-
     run = Path(run_dir)
-    link, tmp = run / LAST, io.temp_path(run / LAST)
+    link, tmp = run / LAST, temp_path(run / LAST)
     rel = os.path.relpath(target, run)
     try:
         os.symlink(rel, tmp)
@@ -199,7 +201,7 @@ def point_last(run_dir: str | os.PathLike, target: Path) -> None:
 def prune(run_dir: str | os.PathLike, keep: int) -> None:
     ckpts = list_checkpoints(run_dir)
     for _, d in ckpts[: max(0, len(ckpts) - keep)]:
-        io.delete_atomically(d)  # never a half-deleted checkpoint that still looks complete
+        delete_atomically(d)  # never a half-deleted checkpoint that still looks complete
     for _, d in ckpts[max(0, len(ckpts) - keep): -1]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(d / TRAINER_STATE)
@@ -260,8 +262,6 @@ STATE_SCHEMA = {
 def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
     """Read and check a checkpoint's trainer state. Only tensors and plain data are unpickled
     (weights_only): a file holding other Python objects is refused, never executed."""
-    import pickle
-
     path = Path(ckpt) / TRAINER_STATE
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -288,7 +288,7 @@ def load_trainer_state(ckpt: str | os.PathLike) -> dict[str, Any]:
                              "wall_seconds": m.get("wall_seconds", 0.0), "skipped": m.get("skipped")}
     elif state.get("version") != STATE_VERSION:
         raise UserError(f"{path}: trainer state version {state.get('version')}, expected {STATE_VERSION}")
-    io.check_schema(state, STATE_SCHEMA, str(path))
+    check_schema(state, STATE_SCHEMA, str(path))
     if len(state["ranks"]) != state["run"]["world_size"]:
         raise UserError(f"{path}: field 'ranks' holds {len(state['ranks'])} entries for "
                         f"{state['run']['world_size']} process(es)")

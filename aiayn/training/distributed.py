@@ -9,12 +9,16 @@ gloo on CPU. Only rank 0 writes anything (checkpoints, logs, TensorBoard).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+from aiayn.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,6 @@ def pick_device(device: str | None = None, index: int = 0) -> torch.device:
     device `index`; asking for CUDA where this torch has none is one UserError."""
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda" and not torch.cuda.is_available():
-        from aiayn.errors import UserError
-
         raise UserError("--device cuda: no CUDA device is available to this torch")
     return torch.device("cuda", index) if kind == "cuda" else torch.device(kind)
 
@@ -68,8 +70,6 @@ def setup(device: str | None = None) -> DistEnv:
 
 def rank_seed(seed: int, rank: int) -> int:
     """Dropout seed of a rank: independent streams per rank, derived from the run's seed."""
-    import numpy as np
-
     return int(np.random.SeedSequence([seed, rank, 17]).generate_state(1, np.uint64)[0] >> 1)
 
 
@@ -77,8 +77,6 @@ def wrap_ddp(model: torch.nn.Module, env: DistEnv) -> torch.nn.parallel.Distribu
     """DDP around `model` (identical weights on every rank after this: rank 0's are broadcast).
     No buffer needs syncing before each forward: the model's only buffer is the sinusoid table, a
     cache each rank grows on demand."""
-    import inspect
-
     ddp = torch.nn.parallel.DistributedDataParallel
     params = inspect.signature(ddp.__init__).parameters
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
@@ -135,8 +133,6 @@ def held_by_main(acquire: Callable[[], ContextManager], env: DistEnv) -> Iterato
     """Rank 0 enters `acquire()` (e.g. the lock on a run directory) for the block; the other ranks
     learn whether it could. When it could not, every rank raises rank 0's UserError, instead of
     the others waiting for a rank that has left."""
-    from aiayn.errors import UserError
-
     with contextlib.ExitStack() as stack:
         error = None
         if env.is_main:

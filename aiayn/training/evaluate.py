@@ -13,6 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn.data.batching import collate, length_batches
+from aiayn.decoding.translate import Translator
+from aiayn.errors import UserError
+from aiayn.evaluation.perplexity import reference_perplexity
+from aiayn.evaluation.sacre import sacre_bleu
 
 
 def dev_loss(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: float,
@@ -20,9 +25,6 @@ def dev_loss(model: torch.nn.Module, dataset: Any, batch_tokens: int, eps_ls: fl
     """Label-smoothed loss and NLL per target token over the whole split, and exp(NLL), through
     the project's one dev-loss computation (`reference_perplexity`). `autocast` is a callable
     returning the precision's context manager."""
-    from aiayn.data.batching import collate, length_batches
-    from aiayn.evaluation.perplexity import reference_perplexity
-
     batches = (collate(dataset, idx, pad_multiple).to(device)
                for idx in length_batches(dataset.src_lengths, batch_tokens, dataset.tgt_lengths))
     try:
@@ -39,8 +41,6 @@ def translations(model: torch.nn.Module, sources: list[np.ndarray], tokenizer: A
     same search and source-length limit as `aiayn translate` (over-long sources truncated):
     greedy when `beam_size` is None, else beam search with the model config's length penalty and
     output-length limits (§6.1)."""
-    from aiayn.decoding.translate import Translator
-
     tr = Translator.for_model(model, tokenizer, tokenizer, greedy=beam_size is None,
                               beam_size=beam_size, warn=lambda _: None)
     ids = [s.tolist()[: tr.max_src_tokens - 1] for s in sources]
@@ -54,9 +54,6 @@ def dev_bleu(model: torch.nn.Module, dataset: Any, n_sentences: int, device: tor
     """sacreBLEU of the translations (greedy, or beam search of `beam_size`) of the first
     `n_sentences` of the split (all when < 0) against its raw reference lines; {} when the split
     keeps no raw text."""
-    from aiayn.errors import UserError
-    from aiayn.evaluation.sacre import sacre_bleu
-
     try:
         refs = dataset.reference_lines("tgt")
     except UserError:

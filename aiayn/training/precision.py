@@ -13,28 +13,19 @@ from dataclasses import dataclass
 import torch
 
 from aiayn.errors import UserError
+from aiayn.precision import auto_precision
 from aiayn.training import PRECISIONS
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix products several times faster than fp32 (2.5x with
-    AVX512-BF16, about 10x with AMX, measured); without them bf16 is emulated and slower."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def resolve(precision: str, device: torch.device) -> str:
-    """"auto" is bf16 autocast on a GPU that supports it (else fp16), and on a CPU with native
-    bf16 instructions (else fp32). The paper trained in fp32; bf16 autocast keeps fp32 weights,
-    optimizer state, softmax and loss, so only products run at lower precision."""
+    """"auto" means what it means for every command (`aiayn.precision.auto_precision`): bf16
+    autocast where the device multiplies bf16 natively, else fp32. The paper trained in fp32;
+    bf16 autocast keeps fp32 weights, optimizer state, softmax and loss, so only products run
+    at lower precision."""
     if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+        raise UserError(f"--precision {precision}: training runs in {', '.join(PRECISIONS)}")
     if precision == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_has_native_bf16() else "fp32"
+        return auto_precision(device)
     if precision == "fp16" and device.type != "cuda":
         raise UserError("--precision fp16 needs a CUDA device (loss scaling); use bf16 or fp32 on CPU")
     return precision

@@ -12,7 +12,13 @@ from typing import Any, Callable
 import torch
 
 from aiayn.config import Config
+from aiayn.data.batching import TokenBatchSampler, collate
+from aiayn.data.dataset import load_dataset_dir
 from aiayn.errors import UserError
+from aiayn.model.build import build_model
+from aiayn.model.counting import count_parameters, flops_per_target_token
+from aiayn.model.io import fill_model_dir, read_config, tokenizer_files
+from aiayn.training.evaluate import evaluate
 from aiayn.training.loss import LossSums, label_smoothed_loss
 
 
@@ -20,9 +26,6 @@ class Seq2SeqTask:
     unit = "tokens"
 
     def __init__(self, data_dir: str | Path, dev_split: str | None = None):
-        from aiayn.data.dataset import load_dataset_dir
-        from aiayn.model.io import tokenizer_files
-
         self.directory = Path(data_dir)
         self.data = load_dataset_dir(data_dir)
         self.tokenizers = tokenizer_files(self.data.directory)
@@ -40,36 +43,26 @@ class Seq2SeqTask:
         return self.data.model_config(cfg)
 
     def read_config(self, model_dir: Path) -> Config:
-        from aiayn.model.io import read_config
-
         return read_config(model_dir)
 
     def check_checkpoint(self, model_dir: Path) -> None:
         """Vocabulary checks are by the weights' shapes (`load_state_checked`)."""
 
     def build_model(self, cfg: Config) -> torch.nn.Module:
-        from aiayn.model.build import build_model
-
         return build_model(cfg)
 
     def count_parameters(self, cfg: Config) -> int:
-        from aiayn.model.counting import count_parameters
-
         return count_parameters(cfg)
 
     def update_size(self, cfg: Config) -> int:
         return cfg.max_tokens
 
     def sampler(self, cfg: Config, batch_size: int, seed: int, rank: int, world_size: int):
-        from aiayn.data.batching import TokenBatchSampler
-
         t = self.train_set
         return TokenBatchSampler(t.src_lengths, t.tgt_lengths, batch_size, seed=seed, rank=rank,
                                  world_size=world_size, pad_multiple=cfg.pad_multiple)
 
     def collate(self, cfg: Config, indices: Any):
-        from aiayn.data.batching import collate
-
         return collate(self.train_set, indices, cfg.pad_multiple)
 
     def loss(self, model: torch.nn.Module, batch: Any, cfg: Config, autocast: Callable) -> LossSums:
@@ -77,8 +70,6 @@ class Seq2SeqTask:
 
     def evaluate(self, model: torch.nn.Module, cfg: Config, batch_size: int, device: torch.device,
                  autocast: Callable, sentences: int) -> dict[str, Any]:
-        from aiayn.training.evaluate import evaluate
-
         if self.dev_set is None:
             return {}
         return evaluate(model, self.dev_set, batch_size, cfg.eps_ls, sentences, device, autocast,
@@ -86,8 +77,6 @@ class Seq2SeqTask:
 
     def write_model(self, directory: Path, weights: dict[str, torch.Tensor], cfg: Config,
                     meta: dict) -> None:
-        from aiayn.model.io import fill_model_dir
-
         fill_model_dir(directory, weights, cfg, self.tokenizers, meta)
 
     def meta(self) -> dict[str, Any]:
@@ -96,8 +85,6 @@ class Seq2SeqTask:
                 "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint")}
 
     def flops_per_target_token(self, cfg: Config) -> float:
-        from aiayn.model.counting import flops_per_target_token
-
         split = self.data.manifest["splits"]["train"]
         pairs = max(split["pairs"], 1)
         return flops_per_target_token(cfg, split["src_tokens"] / pairs + 1,  # + EOS

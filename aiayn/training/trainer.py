@@ -25,7 +25,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from dataclasses import asdict, replace
 from functools import partial
@@ -36,7 +35,11 @@ import numpy as np
 import torch
 
 from aiayn.errors import OutputError, UserError
-from aiayn.io import atomic_write, exclusive_lock
+from aiayn.files import atomic_write
+from aiayn.locks import exclusive_lock
+from aiayn.memory import allocator_in_use
+from aiayn.model.io import load_state_checked, read_weights
+from aiayn.progress import Progress
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import distributed as dist_
 from aiayn.training.logs import LogWindow, RunLog, RunProgress, build_summary, format_summary, rss_gb
@@ -47,7 +50,6 @@ from aiayn.training.seq2seq import Seq2SeqTask
 from aiayn.training.step import Updater, UpdateResult
 from aiayn.training.stream import BatchStream, batch_plan
 from aiayn.training.task import Task
-
 
 # The clock of time budgets and checkpoint intervals (tests replace it with a fake one, so that a
 # budget of minutes gives the same run on a loaded machine as on an idle one).
@@ -159,8 +161,6 @@ class Trainer:
         return model
 
     def _restore(self, state: dict[str, Any]) -> None:
-        from aiayn.model.io import load_state_checked, read_weights
-
         load_state_checked(self.model, read_weights(self.resume_from), str(self.resume_from))
         self.step = self.saved_step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
@@ -191,8 +191,6 @@ class Trainer:
             self.log.close()
 
     def _describe(self) -> None:
-        from aiayn.memory import allocator_in_use
-
         o, env, cfg, task = self.options, self.env, self.cfg, self.task
         if self.resume_from is not None:
             self.log.say(f"resuming {self.resume_from} at step {self.step}")
@@ -216,8 +214,6 @@ class Trainer:
                 json.dump(run, f, indent=2)
 
     def _loop(self) -> dict[str, Any]:
-        from tqdm import tqdm
-
         o, env = self.options, self.env
         self._describe()
         stream = BatchStream(self.sampler, partial(self.task.collate, self.cfg), env.device,
@@ -229,8 +225,14 @@ class Trainer:
         stopped_by = "max_steps"
         total = self.max_steps if self.max_steps is not None else (
             o.max_epochs * math.ceil(len(self.sampler) / self.accum) if o.max_epochs else None)
-        bar = tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
-                   disable=not (o.progress and env.is_main), dynamic_ncols=True)
+        # With no step limit the time budget is the total, counted in seconds of the whole run
+        # (the bar's ETA is then the budget's end; steps go into its fields).
+        self.bar_in_seconds = total is None and o.time_budget is not None
+        if self.bar_in_seconds:
+            total = int(o.time_budget * 60)
+        bar = Progress(total, initial=int(self.wall_before) if self.bar_in_seconds else self.step,
+                       desc="train", unit="s" if self.bar_in_seconds else "step",
+                       enabled=o.progress and env.is_main)
         try:
             while self.max_steps is None or self.step < self.max_steps:
                 stop, save_due, progress = self._agree(last_save_time, stream.epochs_done)
@@ -256,7 +258,10 @@ class Trainer:
                 streak = 0
                 self.step += 1
                 window.results.append(r)
-                bar.update(1)
+                if self.bar_in_seconds:
+                    bar.moveto(min(int(self._elapsed()), bar.total))
+                else:
+                    bar.update(1)
                 if self.step % o.log_every == 0 or self.step == 1:
                     self._log_train(window, stream.epochs_done, bar)
                     window = LogWindow()
@@ -316,10 +321,12 @@ class Trainer:
         self.log.record("train", self.step, **values)
         post = dict(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.2e}",
                     tok_s=f"{values['tgt_tokens_per_s']:.0f}", ep=f"{epochs:.2f}")
+        if self.bar_in_seconds:  # the bar counts seconds: say which update it is at
+            post = {"step": self.step, **post}
         if self.options.time_budget is not None:  # the bar's own ETA counts steps, not minutes
             left = max(0.0, self.options.time_budget * 60 - self._elapsed())
             post["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
-        bar.set_postfix(post, refresh=False)
+        bar.set_postfix(post)
 
     # --- evaluation and checkpoints ----------------------------------------------------------
 
@@ -430,7 +437,7 @@ def train(cfg: Any | None, data: str | os.PathLike | Task, out_dir: str | os.Pat
     checkpoint's config is used); what the data decides (vocabulary sizes) is always taken from
     the data. Under torchrun, each process calls this and the process group is set up (and torn
     down) here. A second run on `out_dir` while this one goes on is refused (an OS lock,
-    `aiayn.io.exclusive_lock`, held by rank 0)."""
+    `aiayn.locks.exclusive_lock`, held by rank 0)."""
     options = options or TrainOptions()
     options.check()
     task = Seq2SeqTask(data, options.dev_split) if isinstance(data, (str, os.PathLike)) else data

@@ -14,19 +14,18 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from aiayn.decoding.alignment import SentenceAlignment
 from aiayn.errors import UserError
-from aiayn.io import atomic_write
-
-if TYPE_CHECKING:
-    from aiayn.decoding.alignment import SentenceAlignment
+from aiayn.files import atomic_write
 
 LABEL_PT = 8  # tick-label font size
 INCH_PER_PIECE = 0.15  # 8-point labels need about 0.13 inch each
@@ -35,8 +34,6 @@ FORMATS = ("png", "svg", "pdf")
 
 def head_colours(n: int) -> list[tuple[float, float, float, float]]:
     """One distinct colour per head (matplotlib's qualitative tables, then evenly spaced hues)."""
-    from matplotlib import colormaps
-
     if n <= 10:
         return [colormaps["tab10"](i) for i in range(n)]
     if n <= 20:
@@ -118,7 +115,7 @@ def lines_figure(weights: np.ndarray, left: Sequence[str], right: Sequence[str],
     return fig
 
 
-def alignment_figure(a: "SentenceAlignment") -> Figure:
+def alignment_figure(a: SentenceAlignment) -> Figure:
     """The encoder-decoder attention behind one `Translator.align` result as a heatmap (output
     pieces by source pieces), hard-alignment links outlined at the piece level."""
     head = "mean of heads" if a.head is None else f"head {a.head + 1}"

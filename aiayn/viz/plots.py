@@ -1,6 +1,9 @@
 """The paper's other pictures: sinusoidal positional encodings (§3.5), the learning-rate schedule
 (§5.3, Eq. 3), a run's training curves, and the Table 3 study. Each function returns a
 `matplotlib.figure.Figure` (no pyplot: headless); `aiayn.viz.figures.save_figure` writes it.
+
+The model's sinusoids and the schedule's formula are imported (with torch) only by the figures
+that draw them: `aiayn plot curves` and `aiayn plot study` start without torch.
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.data.corpus import read_lines
 from aiayn.errors import UserError
 from aiayn.parsing.chart.model import CHAR_SPECIALS, SPECIALS, char_ids, encode, model_words, span_targets
 from aiayn.parsing.chart.trees import NONE, tree_spans
+from aiayn.parsing.treebank import parse_tree
 
 
 @dataclass
@@ -62,9 +64,6 @@ class Vocabulary:
 def read_split(corpus: Path, split: str) -> tuple[list[list[str]], list, list[str]]:
     """SPLIT.src (or SPLIT.words) and SPLIT.gold of an `aiayn treebank` directory, as word lists,
     nltk trees and the gold lines; a line count or word mismatch is one error line."""
-    from aiayn.data.corpus import read_lines
-    from aiayn.parsing.treebank import parse_tree
-
     src = corpus / f"{split}.src"
     if not src.exists():
         src = corpus / f"{split}.words"

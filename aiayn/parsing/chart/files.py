@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
+from aiayn.checks import read_json
 from aiayn.errors import UserError
-from aiayn.io import read_json
+from aiayn.model.io import CONFIG_FILE, META_FILE, WEIGHTS_FILE, load_state_checked, read_weights
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.data import Vocabulary
 from aiayn.parsing.chart.model import SpanParser, char_ids, encode, model_words
@@ -40,17 +42,16 @@ class ChartModel:
         ids = encode([model_words(w, self.vocab.word_index) for w in spellings], self.vocab.word_index)
         chars = (char_ids(spellings, self.vocab.char_index, self.model.cfg.max_chars)
                  if self.model.char_encoder is not None else None)
-        return self.model(ids, chars)
+        device = next(self.model.parameters()).device  # `aiayn parse --device`
+        if chars is not None:
+            chars = tuple(c.to(device) for c in chars)
+        return self.model(ids.to(device), chars)
 
 
 def write_model_dir(directory: Path, weights: dict[str, torch.Tensor], cfg: ChartConfig,
                     vocab: Vocabulary, meta: dict[str, Any]) -> None:
     """The files of a model directory into `directory` (a fresh temporary one: the caller makes
-    the directory appear whole, `aiayn.io.write_dir_atomically`)."""
-    from safetensors.torch import save_file
-
-    from aiayn.model.io import CONFIG_FILE, META_FILE, WEIGHTS_FILE
-
+    the directory appear whole, `aiayn.files.write_dir_atomically`)."""
     (directory / CONFIG_FILE).write_text(cfg.to_json() + "\n", encoding="utf-8")
     (directory / VOCABULARY_FILE).write_text(json.dumps(vocab.as_dict()) + "\n", encoding="utf-8")
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()},
@@ -87,8 +88,6 @@ def read_vocabulary(path: str | os.PathLike) -> Vocabulary:
 
 def load_chart(path: str | os.PathLike, device: str | torch.device = "cpu") -> ChartModel:
     """A chart parser model directory, in eval mode; anything amiss is one line naming it."""
-    from aiayn.model.io import load_state_checked, read_weights
-
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"{p}: no such model directory")

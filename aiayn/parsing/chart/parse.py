@@ -13,6 +13,7 @@ from aiayn.errors import UserError
 from aiayn.parsing.chart.data import length_batches
 from aiayn.parsing.chart.files import ChartModel
 from aiayn.parsing.chart.trees import decode_tree, span_votes
+from aiayn.progress import Progress
 
 
 @torch.no_grad()
@@ -24,8 +25,6 @@ def chart_parse(models: Sequence[ChartModel], lines: Sequence[str], max_cells: i
     `votes`: per line, other parsers' trees of that sentence (nltk trees over its words), each
     labelled span of which adds `vote_weight` to that label's score before CKY: a combination of
     parsers in which every output is still a tree over exactly the words."""
-    from tqdm import tqdm
-
     labels = models[0].vocab.labels
     for m in models[1:]:
         if m.vocab.labels != labels:
@@ -34,14 +33,14 @@ def chart_parse(models: Sequence[ChartModel], lines: Sequence[str], max_cells: i
     sents = [line.split() for line in lines]
     todo = [k for k, w in enumerate(sents) if w]
     out = [""] * len(sents)
-    bar = tqdm(total=len(todo), unit="sent", disable=not progress, desc="parsing")
+    bar = Progress(len(todo), desc="parsing", unit="sent", enabled=progress)
     for batch in length_batches([len(sents[k]) for k in todo], max_cells):
         words = [sents[todo[k]] for k in batch]
         lp = None
         for m in models:
             x = F.log_softmax(m.logits(words).float(), dim=-1)  # (B, F, F, L)
             lp = x if lp is None else lp + x
-        lp = (lp / len(models)).numpy()
+        lp = (lp / len(models)).cpu().numpy()
         for b, k in enumerate(batch):
             n = len(words[b])
             extra = None if votes is None else span_votes(votes[todo[k]], n, labels, vote_weight)

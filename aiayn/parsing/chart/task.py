@@ -6,6 +6,7 @@ aiayn/parsing/chart/files.py."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,11 +15,11 @@ import torch.nn.functional as F
 
 from aiayn.errors import UserError
 from aiayn.parsing.chart.config import ChartConfig
-from aiayn.parsing.chart.data import (ChartSampler, Vocabulary, collate, length_batches, read_split,
-                                      sentences)
+from aiayn.parsing.chart.data import ChartSampler, Vocabulary, collate, length_batches, read_split, sentences
 from aiayn.parsing.chart.files import VOCABULARY_FILE, read_chart_config, read_vocabulary, write_model_dir
 from aiayn.parsing.chart.model import SpanParser, span_loss
 from aiayn.parsing.chart.trees import decode_tree
+from aiayn.parsing.evalb import evalb, retag_from_gold
 from aiayn.training.loss import LossSums
 
 
@@ -103,10 +104,6 @@ class ChartTask:
                  device: torch.device, autocast: Callable, sentences: int) -> dict[str, Any]:
         """Dev span loss per cell (dev_loss = dev_nll, dev_ppl = exp) and the bracket F1 of the
         trees CKY finds in every dev sentence (`sentences` is BLEU's; every one is parsed)."""
-        import math
-
-        from aiayn.parsing.evalb import evalb, retag_from_gold
-
         dev = self._sents(cfg)[1]
         if not dev:
             return {}

@@ -1,5 +1,5 @@
-"""Safe file output and input: atomic writes, temporary names that say whose they are, exclusive
-locks on outputs, I/O failures as one-line errors, and checks of what is read back.
+"""Writing outputs safely: atomic writes, temporary names that say whose they are, deletion that
+is never seen half done, and I/O failures as one-line errors.
 
 - Atomic outputs: `atomic_write` (a file) and `write_dir_atomically` (a directory) write a hidden
   temporary sibling, fsync it and rename it into place: a crash at any instant leaves either the
@@ -8,13 +8,11 @@ locks on outputs, I/O failures as one-line errors, and checks of what is read ba
 - Temporary names carry the writer's PID and host (`temp_path`): `.NAME.PID@HOST.RANDOM.tmp`. The
   writers above, and `remove_stale_temporaries`, delete those whose process is gone, so a killed
   command leaves nothing behind for long.
-- Locks: `exclusive_lock(target)` holds an OS lock (flock) on the hidden sibling `.NAME.lock` for as
-  long as a command writes `target`; a second command is refused with a line naming the holder's
-  PID; the kernel releases the lock when its holder ends, however it ends.
 - I/O failures (disk full, read-only directory, permission denied) inside the writers become an
-  `OutputError` (a `UserError`): one line saying what, where and what to do.
-- Reading: `read_json` reads a JSON file and checks it against a small schema (`check_schema`):
-  a one-line error names the file and the field.
+  `OutputError` (a `UserError`): one line saying what, where and what to do (`writing`).
+
+A command holds its output's lock (aiayn/locks.py) while it writes; reading and checking what was
+written before is aiayn/checks.py.
 """
 
 from __future__ import annotations
@@ -23,21 +21,15 @@ import contextlib
 import ctypes
 import errno
 import hashlib
-import json
 import os
 import re
 import secrets
 import shutil
 import socket
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Callable, Iterator
 
 from aiayn.errors import OutputError, UserError
-
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: locks are not taken
-    fcntl = None  # type: ignore[assignment]
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -46,15 +38,6 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     if p.exists() and not overwrite:
         raise UserError(f"{p} already exists; pass --overwrite to replace it")
     return p
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes, streamed; a missing or unreadable file is a one-line `UserError`."""
-    h = hashlib.sha256()
-    with reading(path), open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -67,7 +50,8 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(fd)
 
 
-def _umask_mode() -> int:
+def file_mode() -> int:
+    """The permissions a new file gets under this process's umask (os.open's 0o666 default)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
@@ -104,7 +88,7 @@ def output_error(path: str | os.PathLike, exc: BaseException,
         return None
     reason = os.strerror(code)
     culprit = getattr(exc, "filename", None)
-    if culprit and Path(culprit) != Path(path) and not any(_TEMP.match(part) for part in Path(culprit).parts):
+    if culprit and Path(culprit) != Path(path) and not any(map(is_temporary, Path(culprit).parts)):
         reason += f" ({culprit})"  # not the output itself: e.g. an input the writer was copying
     return OutputError(path, reason, _REMEDY.get(code, "fix the cause"), then)
 
@@ -164,7 +148,7 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     """Delete a file, link or directory tree; a link is removed, never followed."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -185,7 +169,7 @@ def delete_atomically(path: str | os.PathLike) -> None:
         os.replace(p, doomed)
     except FileNotFoundError:
         return
-    _remove(doomed)
+    remove_path(doomed)
 
 
 def remove_stale_temporaries(directory: str | os.PathLike, name: str | None = None) -> list[Path]:
@@ -209,7 +193,7 @@ def remove_stale_temporaries(directory: str | os.PathLike, name: str | None = No
             with contextlib.suppress(OSError):
                 os.replace(entry, target)
                 continue
-        _remove(entry)
+        remove_path(entry)
         removed.append(entry)
     return removed
 
@@ -229,7 +213,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         p.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(p.parent, p.name)
         tmp = temp_path(p)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _umask_mode())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode())
         try:
             with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
                 yield f
@@ -252,7 +236,7 @@ def atomic_replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
         fsync_dir(Path(path).parent)
 
@@ -301,7 +285,7 @@ def write_dir_atomically(path: str | os.PathLike, fill: Callable[[Path], object]
             fill(tmp)
             publish_dir(tmp, path)
         except BaseException:
-            _remove(tmp)
+            remove_path(tmp)
             raise
     return path
 
@@ -321,14 +305,14 @@ def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
             staged = temp_path(path)
             os.replace(tmp, staged)
             tmp = staged
-        mode = _umask_mode()
+        mode = file_mode()
         _fsync_files(tmp, mode)
         os.chmod(tmp, mode | ((mode & 0o444) >> 2))  # directories: x wherever r
         fsync_dir(tmp)
         if not os.path.lexists(path):
             os.replace(tmp, path)
         elif _exchange(tmp, path):
-            _remove(tmp)  # the previous version, now under the temporary name
+            remove_path(tmp)  # the previous version, now under the temporary name
         else:
             old = temp_path(path, "old")
             os.replace(path, old)
@@ -337,177 +321,6 @@ def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
             except BaseException:
                 os.replace(old, path)  # put the previous version back
                 raise
-            _remove(old)
+            remove_path(old)
         fsync_dir(path.parent)
     return path
-
-
-# --- exclusive locks on outputs ----------------------------------------------------------------
-
-
-def lock_path(target: str | os.PathLike) -> Path:
-    """The lock file of output `target`: its hidden sibling `.NAME.lock`."""
-    t = Path(target)
-    return t.parent / f".{t.name}.lock"
-
-
-def _holder(lock: Path) -> str:
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        text = lock.read_text(encoding="utf-8").strip()
-        if text:
-            pid, _, who = text.partition(" ")
-            return f"{who or 'another process'} (PID {pid})"
-    return "another process"
-
-
-def _open_locked(lock: Path) -> int | None:
-    """Open `lock` and take its flock without waiting: the descriptor, or None when another
-    process holds it. A lock file is deleted by its holder on release, so after locking check that
-    the file is still the one at `lock` (else it was released and deleted meanwhile: try again)."""
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, _umask_mode())
-        if fcntl is None:
-            return fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        mine = os.fstat(fd)
-        try:
-            now = os.stat(lock)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
-            return fd
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def exclusive_lock(target: str | os.PathLike, owner: str = "aiayn",
-                   advice: str = "wait for it to finish, or choose another output") -> Iterator[Path]:
-    """Hold an exclusive OS lock on output `target` (a file or directory, which need not exist)
-    for the block; refuse at once, with a line naming the holder's PID, when another process holds
-    it. `owner` (e.g. "aiayn train") is recorded for that message. The lock is the kernel's: it
-    ends with its process, however that process ends. Once held, the temporaries of `target` that
-    dead processes left are removed. The lock file is deleted on release (a killed holder's stays,
-    unlocked, until the next command on `target`)."""
-    t = Path(target)
-    lock = lock_path(t)
-    with writing(t):
-        t.parent.mkdir(parents=True, exist_ok=True)
-        fd = _open_locked(lock)
-    if fd is None:
-        raise UserError(f"{t} is in use by {_holder(lock)}; {advice}")
-    try:
-        with writing(t):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
-        remove_stale_temporaries(t.parent, t.name)  # what a killed earlier writer left
-        yield lock
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)  # while still holding it: see _open_locked
-        os.close(fd)
-
-
-# --- reading and checking ----------------------------------------------------------------------
-
-OPTIONAL = "?"  # a schema key starting with it may be absent
-
-
-def _describe(kind: Any) -> str:
-    if kind is None:
-        return "null"
-    if isinstance(kind, tuple):
-        return " or ".join(_describe(k) for k in kind)
-    if isinstance(kind, frozenset):
-        return "one of " + ", ".join(sorted(repr(v) for v in kind))
-    if isinstance(kind, dict):
-        return "an object"
-    if isinstance(kind, list):
-        return "a list"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            dict: "an object", list: "a list"}.get(kind, getattr(kind, "__name__", str(kind)))
-
-
-def _matches(value: Any, kind: Any) -> bool:
-    if kind is None:
-        return value is None
-    if isinstance(kind, tuple):
-        return any(_matches(value, k) for k in kind)
-    if isinstance(kind, frozenset):
-        return any(value == v and type(value) is type(v) for v in kind)
-    if isinstance(kind, dict):
-        return isinstance(value, dict)
-    if isinstance(kind, list):
-        return isinstance(value, (list, tuple))
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
-def check_schema(value: Any, schema: Any, where: str, field: str = "") -> None:
-    """Check `value` (parsed JSON, or a torch-loaded state) against `schema`; raise a one-line
-    UserError naming `where` and the field (dotted path) that is wrong. A schema is:
-    a type (`int` excludes bool, `float` admits int), `None`, a tuple of alternatives, a frozenset
-    of allowed values, a list `[item schema]`, or a dict `{key: schema}` whose keys are required
-    unless they start with "?", or `{str: schema}` for an object of any keys. Keys a schema does
-    not name are allowed (later versions may add fields)."""
-    label = f"field {field!r}" if field else "the content"
-    alternatives = schema if isinstance(schema, tuple) else (schema,)
-    if not any(_matches(value, k) for k in alternatives):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise UserError(f"{where}: {label} must be {_describe(schema)}, got {shown}")
-    for kind in alternatives:  # descend into the container alternative that matched
-        if isinstance(kind, dict) and isinstance(value, dict):
-            for key, sub in kind.items():
-                if key is str:
-                    for k, v in value.items():
-                        check_schema(v, sub, where, f"{field}.{k}" if field else str(k))
-                    continue
-                optional = key.startswith(OPTIONAL)
-                name = key[1:] if optional else key
-                path = f"{field}.{name}" if field else name
-                if name not in value:
-                    if not optional:
-                        raise UserError(f"{where}: field {path!r} is missing")
-                    continue
-                check_schema(value[name], sub, where, path)
-        elif isinstance(kind, list) and isinstance(value, (list, tuple)) and kind:
-            for i, v in enumerate(value):
-                check_schema(v, kind[0], where, f"{field}[{i}]")
-
-
-@contextlib.contextmanager
-def reading(path: str | os.PathLike, what: str = "a file") -> Iterator[None]:
-    """Turn the usual failures to open `path` for reading (missing, a directory, no permission)
-    into one-line UserErrors naming it."""
-    try:
-        yield
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected {what}") from None
-    except PermissionError:
-        raise UserError(f"{path}: permission denied") from None
-
-
-def read_json(path: str | os.PathLike, schema: Any = None) -> Any:
-    """Parse the JSON file `path` and check it against `schema`; every problem (missing,
-    unreadable, not UTF-8, not JSON, a wrong field) is a one-line UserError naming the file."""
-    p = Path(path)
-    try:
-        with reading(p, "a JSON file"):
-            data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{p}: not UTF-8 text (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except RecursionError:
-        raise UserError(f"{p}: JSON nested too deeply") from None
-    if schema is not None:
-        check_schema(data, schema, str(p))
-    return data
