@@ -122,6 +122,26 @@ def test_refuses_to_reuse_a_run_directory(trained, data, capsys):
     assert [s for s, _ in list_checkpoints(run)] == [60, 80, 100, 120]  # untouched
 
 
+def test_a_fresh_run_never_replaces_logs_it_did_not_write(data, tmp_path, capsys):
+    """metrics.jsonl and tb/ of a run killed before its first checkpoint (it wrote run.json) are
+    replaced by a fresh run; files of those names that no run wrote are not, --overwrite or not."""
+    run = tmp_path / "r"
+    (run / "tb").mkdir(parents=True)
+    (run / "tb" / "mine.txt").write_text("keep me")
+    (run / "metrics.jsonl").write_text("my own notes\n")
+    args = ["train", "--data", str(data), "--out", str(run), "--preset", "base", "--set", *SMALL,
+            "--max-steps", "2", "--threads", "1", "--no-progress", "--eval-every", "0"]
+    for extra in ([], ["--overwrite"]):
+        assert cli_main(args + extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no aiayn train run wrote" in err
+    assert (run / "tb" / "mine.txt").read_text() == "keep me"
+    assert (run / "metrics.jsonl").read_text() == "my own notes\n"
+    (run / "run.json").write_text("{}")  # as an earlier run killed before its first checkpoint
+    assert cli_main(args) == 0
+    assert "my own notes" not in (run / "metrics.jsonl").read_text()
+
+
 def test_overwrite_and_resume_of_a_finished_run(data, tmp_path):
     run = tmp_path / "r"
     train(small_cfg(), data, run, quiet(max_steps=4, eval_every=0))

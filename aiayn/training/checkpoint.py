@@ -223,6 +223,13 @@ def resume_point(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
     if has_run_outputs(run_dir) and not overwrite:
         raise UserError(f"{run_dir} already holds checkpoints; pass --resume to continue that run "
                         f"or --overwrite to start over")
+    # a fresh run replaces the logs of an earlier run killed before its first checkpoint (it wrote
+    # run.json first), never files of the same names that no run of aiayn train wrote
+    if not has_run_outputs(run_dir) and not (run_dir / "run.json").exists():
+        theirs = [n for n in ("metrics.jsonl", "tb", "summary.json") if os.path.lexists(run_dir / n)]
+        if theirs:
+            raise UserError(f"{run_dir} holds {', '.join(theirs)} that no aiayn train run wrote; "
+                            f"choose another --out")
     return None
 
 

@@ -1,0 +1,213 @@
+"""Export a model directory to Hugging Face Transformers' `MarianMTModel` (`aiayn export --format
+huggingface`): `from_pretrained` loads it, `pipeline("translation")` and the Hub take it, and
+Optimum turns it into ONNX.
+
+The paper's Transformer is, weight for weight, Marian's: post-norm layers (§3.1), attention and
+FFN with the same shapes, embeddings scaled by sqrt(d_model) (§3.4) and tied to the pre-softmax
+projection, sinusoidal positions (§3.5), ReLU. One thing differs in layout: aiayn interleaves the
+sinusoid's dimensions (sine at 2i, cosine at 2i + 1) while Marian puts the sines first (sine at i,
+cosine at d/2 + i). A permutation of the model dimension carries one into the other exactly
+through every weight that reads or writes the residual stream: the embeddings' columns, the
+input columns of Q/K/V and of the FFN's first matrix, the output rows of W^O and of the FFN's
+second matrix and their biases, and the LayerNorm gains and biases; the attention heads and the
+FFN's inner units are untouched. Attention in the permuted basis computes the same numbers, and
+so do the logits (the tied output matrix is permuted with the embeddings).
+
+What differs, said plainly:
+- LayerNorm epsilon: Marian's is PyTorch's 1e-5 (not configurable), aiayn's 1e-6
+  (`Config.layer_norm_eps`): the logits differ in about the 5th significant digit.
+- Search: Hugging Face's beam search divides a hypothesis's log-probability by length**alpha,
+  not by the GNMT penalty ((5 + |Y|) / 6)**alpha of §6.1, and has no per-sentence maximum length
+  (a * source length + b); greedy search is the same search (tested token for token).
+- Tokenizer: `MarianTokenizer` reads the same sentencepiece model, but first normalizes
+  punctuation with sacremoses (quotes, dashes); plain text gives the same ids.
+Refused, one line each: the RNN baseline, pre-norm, learned positions, restricted attention,
+separate source and target vocabularies, untied output, head sizes other than d_model / h, and
+an odd d_model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import Config
+from aiayn.errors import UserError
+from aiayn.special import BOS_ID, EOS_ID, PAD_ID
+
+DEFAULT_MAX_POSITIONS = 1024  # Marian's position table; aiayn's sinusoids have no limit
+
+
+def require_transformers() -> Any:
+    """The transformers package, imported where it is used (large, and optional)."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("exporting to Hugging Face needs the transformers package: pip install "
+                        "'aiayn[huggingface]'") from None
+    return transformers
+
+
+def check_exportable(cfg: Config) -> None:
+    """Refuse, in one line naming the option, what a MarianMTModel cannot hold."""
+    refusals = [
+        (cfg.arch != "transformer", f"arch={cfg.arch!r}: only the Transformer is a MarianMTModel"),
+        (cfg.norm != "post", "norm='pre': Marian's layers are post-norm (§3.1)"),
+        (cfg.positions != "sinusoidal", "positions='learned': Marian's positions are sinusoids"),
+        (cfg.attn_window is not None, f"attn_window={cfg.attn_window}: Marian has no restricted "
+                                      "self-attention"),
+        (cfg.tgt_vocab != cfg.src_vocab or not cfg.tie_embeddings,
+         "separate vocabularies or untied embeddings: the export holds the paper's one shared, "
+         "tied vocabulary (§3.4)"),
+        (cfg.head_dim_k != cfg.d_model // cfg.n_heads or cfg.head_dim_v != cfg.d_model // cfg.n_heads,
+         f"d_k={cfg.head_dim_k}, d_v={cfg.head_dim_v}: Marian's heads are d_model / h = "
+         f"{cfg.d_model // cfg.n_heads} wide"),
+        (cfg.d_model % 2 == 1, f"d_model={cfg.d_model}: the sinusoid permutation needs an even width"),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise UserError(f"cannot export to Hugging Face: {why}")
+
+
+def residual_permutation(d_model: int) -> torch.Tensor:
+    """(d_model,) long: Marian's dimension j is aiayn's dimension perm[j] (the sines of aiayn's
+    even dimensions first, then the cosines of its odd ones)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_config(cfg: Config, max_positions: int) -> Any:
+    transformers = require_transformers()
+    return transformers.MarianConfig(
+        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        max_position_embeddings=max_positions, scale_embedding=True,
+        dropout=cfg.p_drop, attention_dropout=cfg.p_attn_drop, activation_dropout=cfg.p_ffn_drop,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+
+
+@torch.no_grad()
+def to_marian(model: Any, max_positions: int = DEFAULT_MAX_POSITIONS) -> Any:
+    """A `transformers.MarianMTModel` (eval mode) holding `model`'s weights (an aiayn
+    `Transformer`, float32), the residual stream permuted to Marian's sinusoid layout."""
+    transformers = require_transformers()
+    cfg: Config = model.cfg
+    check_exportable(cfg)
+    marian = transformers.MarianMTModel(marian_config(cfg, max_positions)).eval()
+    p = residual_permutation(cfg.d_model)
+    d = cfg.d_model
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().float().cpu()
+
+    def reads(dst: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """A projection that reads the residual stream: its input columns permuted."""
+        dst.weight.copy_(f32(weight)[:, p])
+        dst.bias.copy_(f32(bias) if bias is not None else torch.zeros_like(dst.bias))
+
+    def writes(dst: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """A projection that writes the residual stream: its output rows permuted."""
+        dst.weight.copy_(f32(weight)[p, :])
+        dst.bias.copy_(f32(bias)[p] if bias is not None else torch.zeros_like(dst.bias))
+
+    def norm(dst: Any, src: Any) -> None:
+        dst.weight.copy_(f32(src.weight)[p])
+        dst.bias.copy_(f32(src.bias)[p])
+
+    def ffn(dst: Any, src: Any) -> None:
+        reads(dst.fc1, src.ffn.w1.weight, src.ffn.w1.bias)
+        writes(dst.fc2, src.ffn.w2.weight, src.ffn.w2.bias)
+
+    def split(linear: Any, parts: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """A fused projection's blocks (q, k, v or k, v), each (d, d) with its bias."""
+        biases = linear.bias.split(d) if linear.bias is not None else [None] * parts
+        return list(zip(linear.weight.split(d), biases))
+
+    marian.model.shared.weight.copy_(f32(model.src_embed.weight)[:, p])  # also lm_head: tied
+    for ours, theirs in zip(model.encoder, marian.model.encoder.layers):
+        for dst, (w, b) in zip((theirs.self_attn.q_proj, theirs.self_attn.k_proj,
+                                theirs.self_attn.v_proj), split(ours.self_attn.qkv_proj, 3)):
+            reads(dst, w, b)
+        writes(theirs.self_attn.out_proj, ours.self_attn.out_proj.weight, ours.self_attn.out_proj.bias)
+        norm(theirs.self_attn_layer_norm, ours.res_attn.norm)
+        ffn(theirs, ours)
+        norm(theirs.final_layer_norm, ours.res_ffn.norm)
+    for ours, theirs in zip(model.decoder, marian.model.decoder.layers):
+        for dst, (w, b) in zip((theirs.self_attn.q_proj, theirs.self_attn.k_proj,
+                                theirs.self_attn.v_proj), split(ours.self_attn.qkv_proj, 3)):
+            reads(dst, w, b)
+        writes(theirs.self_attn.out_proj, ours.self_attn.out_proj.weight, ours.self_attn.out_proj.bias)
+        norm(theirs.self_attn_layer_norm, ours.res_self.norm)
+        reads(theirs.encoder_attn.q_proj, ours.cross_attn.q_proj.weight, ours.cross_attn.q_proj.bias)
+        for dst, (w, b) in zip((theirs.encoder_attn.k_proj, theirs.encoder_attn.v_proj),
+                               split(ours.cross_attn.kv_proj, 2)):
+            reads(dst, w, b)
+        writes(theirs.encoder_attn.out_proj, ours.cross_attn.out_proj.weight,
+               ours.cross_attn.out_proj.bias)
+        norm(theirs.encoder_attn_layer_norm, ours.res_cross.norm)
+        ffn(theirs, ours)
+        norm(theirs.final_layer_norm, ours.res_ffn.norm)
+    marian.final_logits_bias.zero_()
+    return marian
+
+
+def write_tokenizer(directory: Path, tokenizer: Any, langs: tuple[str | None, str | None]) -> None:
+    """MarianTokenizer's files: the sentencepiece model as source.spm and target.spm, vocab.json
+    (each piece's id: aiayn's ids are sentencepiece's) and tokenizer_config.json."""
+    transformers = require_transformers()
+    spm = directory / "spm.model"
+    tokenizer.save(spm)
+    vocab = directory / "vocab.json"
+    vocab.write_text(json.dumps({tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)},
+                                ensure_ascii=False), encoding="utf-8")
+    tok = transformers.MarianTokenizer(str(spm), str(spm), str(vocab), source_lang=langs[0],
+                                       target_lang=langs[1])
+    tok.save_pretrained(str(directory))
+    spm.unlink()
+
+
+def export_huggingface(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                       overwrite: bool = False, max_positions: int | None = None) -> Path:
+    """Write `model_dir` (an aiayn model directory) as a Hugging Face MarianMTModel directory
+    (config.json, generation_config.json, model.safetensors, the tokenizer's files), atomically;
+    the output is locked while it is written, and replaced only when it is such a directory
+    and `overwrite` is given."""
+    from aiayn.files import check_writable, write_dir_atomically
+    from aiayn.locks import exclusive_lock
+    from aiayn.model.io import load_model, read_config
+
+    transformers = require_transformers()
+    src, out = Path(model_dir), Path(out_dir)
+    check_exportable(read_config(src))  # before loading any weights
+    n_pos = max_positions or DEFAULT_MAX_POSITIONS
+    if n_pos < 2:
+        raise UserError(f"--max-positions must be >= 2, got {n_pos}")
+    if out.exists() and out.resolve() == src.resolve():
+        raise UserError(f"{out} is the model directory itself; choose another output directory")
+    with exclusive_lock(out, "aiayn export", "wait for it to finish, or choose another output"):
+        check_writable(out, overwrite)
+        if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
+                                         and (out / "tokenizer_config.json").is_file()):
+            raise UserError(f"{out} exists and is not a Hugging Face model directory; refusing to "
+                            f"replace it (choose another output directory)")
+        loaded = load_model(src)
+        langs = (loaded.meta.get("src_lang"), loaded.meta.get("tgt_lang"))
+        marian = to_marian(loaded.model, n_pos)
+        generation = transformers.GenerationConfig(
+            decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID, num_beams=loaded.cfg.beam_size, max_length=n_pos,
+            suppress_tokens=[PAD_ID, BOS_ID])  # aiayn's search never writes them
+
+        def fill(tmp: Path) -> None:
+            marian.generation_config = generation
+            marian.save_pretrained(str(tmp))
+            write_tokenizer(tmp, loaded.src_tokenizer, langs)
+
+        return write_dir_atomically(out, fill)
