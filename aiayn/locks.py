@@ -8,10 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from aiayn.errors import UserError
-from aiayn.files import file_mode, remove_stale_temporaries, writing
+from aiayn.files import check_writable, file_mode, remove_stale_temporaries, writing
 
 try:
     import fcntl
@@ -83,3 +83,24 @@ def exclusive_lock(target: str | os.PathLike, owner: str = "aiayn",
         with contextlib.suppress(OSError):
             os.unlink(lock)  # while still holding it: see _open_locked
         os.close(fd)
+
+
+@contextlib.contextmanager
+def output_directory(out: str | os.PathLike, owner: str, overwrite: bool, marker: str, kind: str,
+                     inputs: Sequence[str | os.PathLike] = (),
+                     advice: str = "wait for it to finish, or choose another output"
+                     ) -> Iterator[Path]:
+    """Hold `out`'s lock (`exclusive_lock`) for the block, after refusing, in one line each, an
+    `out` that is one of the command's `inputs`, an existing `out` without `overwrite`, and always
+    one that is not a `kind` directory (no `marker` file in it; a file or a link): a command
+    replaces only what it writes itself."""
+    p = Path(out)
+    if any(os.path.lexists(p) and p.resolve() == Path(i).resolve() for i in inputs):
+        what = "the model directory itself" if len(inputs) == 1 else "one of the inputs"
+        raise UserError(f"{p} is {what}; choose another output directory")
+    with exclusive_lock(p, owner, advice):
+        check_writable(p, overwrite)
+        if os.path.lexists(p) and not (p.is_dir() and not p.is_symlink() and (p / marker).is_file()):
+            raise UserError(f"{p} exists and is not {kind}; refusing to replace it (choose another "
+                            f"output directory)")
+        yield p

@@ -98,11 +98,12 @@ def _gflops(m: int, k: int, n: int, dtype, seconds: float) -> float:
             return 2.0 * m * k * n * reps / elapsed / 1e9
 
 
-def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
+def matmul_peak(threads: int = 2, seconds: float = 0.5, emulated: bool = False) -> dict:
     """Best torch.mm GFLOP/s over PEAK_SHAPES, for fp32 and bf16, on `threads` threads; each shape
     runs for `seconds`. The MFU denominators of the table (fp32 rows against fp32, bf16 rows
-    against bf16). bf16 only where the CPU has it natively: emulated, one product of these shapes
-    takes minutes (0.3 GFLOP/s measured on an AVX2 EPYC), and no row would be measured in bf16."""
+    against bf16). bf16 only where the CPU has it natively, or with `emulated`: emulated, one
+    product of these shapes takes minutes on an AVX2 EPYC (0.3 GFLOP/s measured), and no row
+    would be measured in bf16."""
     import torch
 
     from aiayn.precision import cpu_has_native_bf16
@@ -110,8 +111,9 @@ def matmul_peak(threads: int = 2, seconds: float = 0.5) -> dict:
     torch.set_num_threads(threads)
     res: dict = {"threads": threads, "shapes": {}}
     dtypes = [("fp32", torch.float32)]
-    if cpu_has_native_bf16():
+    if emulated or cpu_has_native_bf16():
         dtypes.append(("bf16", torch.bfloat16))
+    res["native_bf16"] = cpu_has_native_bf16()
     for name, dtype in dtypes:
         per = {f"{m}x{k}x{n}": _gflops(m, k, n, dtype, seconds) for m, k, n in PEAK_SHAPES}
         res["shapes"][name] = {s: round(v, 1) for s, v in per.items()}
@@ -123,6 +125,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peak", action="store_true", help="measure the matmul peak")
     p.add_argument("--describe", action="store_true", help="describe the batches and FLOPs")
+    p.add_argument("--emulated-bf16", action="store_true",
+                   help="with --peak: measure bf16 also where the CPU only emulates it")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seconds", type=float, default=0.5, help="time per matmul shape (default 0.5)")
     p.add_argument("--json", action="store_true", help="one JSON line on stdout")
@@ -137,7 +141,7 @@ def main() -> int:
                           "mean_src_len": s, "mean_tgt_len": t, "pad_src": pad_s, "pad_tgt": pad_t}
         out["flops_per_tok"] = {c: flops_per_token(model_config(c), bs) for c in CONFIGS}
     if a.peak:
-        out["peak"] = matmul_peak(a.threads, a.seconds)
+        out["peak"] = matmul_peak(a.threads, a.seconds, a.emulated_bf16)
     print(json.dumps(out) if a.json else json.dumps(out, indent=2))
     return 0
 

@@ -338,6 +338,18 @@ def test_clipping_bounds_the_gradient_norm():
     assert seen["norm"] == pytest.approx(0.01, rel=1e-4)
 
 
+@pytest.mark.parametrize("avx512_bf16, amx, native", [(False, False, False), (True, False, True),
+                                                      (False, True, True)])
+def test_native_bf16_is_the_cpus_own_flags_not_onednns_emulation(monkeypatch, avx512_bf16, amx, native):
+    """oneDNN says bf16 is supported on any AVX-512 CPU, where it is emulated and 5x slower than
+    fp32 (docs/experiments/performance.md): auto must follow the CPU's BF16 and AMX flags."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+    assert cpu_has_native_bf16() is native
+    assert resolve("auto", torch.device("cpu")) == ("bf16" if native else "fp32")
+
+
 def test_precision_choices():
     cpu = torch.device("cpu")
     assert resolve("auto", cpu) == ("bf16" if cpu_has_native_bf16() else "fp32")

@@ -39,8 +39,8 @@ from typing import Any, Sequence
 
 from aiayn.config import Config
 from aiayn.errors import UserError
-from aiayn.files import check_writable, write_dir_atomically
-from aiayn.locks import exclusive_lock
+from aiayn.files import write_dir_atomically
+from aiayn.locks import output_directory
 from aiayn.model.io import load_model, read_config, tokenizer_files
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -177,23 +177,13 @@ def check_quantization(quantization: str | None) -> None:
                         f"{', '.join(ACCEPTED_MODEL_TYPES)}")
 
 
-def check_replaceable(out: Path, overwrite: bool) -> None:
-    """Refuse an existing `out` without `overwrite`, and always one that is not a CTranslate2
-    model directory (what this command writes): a user's own directory is never replaced."""
-    check_writable(out, overwrite)
-    if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
-                                     and (out / "model.bin").is_file()):
-        raise UserError(f"{out} exists and is not a CTranslate2 model directory; refusing to "
-                        f"replace it (choose another output directory)")
-
-
 def save_spec(spec: Any, out_dir: str | os.PathLike, quantization: str | None = None,
               overwrite: bool = False, files: Sequence[Path] = ()) -> Path:
     """Quantize (optional) and write `spec` to `out_dir` atomically, with `files` copied beside;
     the output is locked while it is written (a second export into it is refused)."""
     check_quantization(quantization)
-    with exclusive_lock(out_dir, "aiayn export", "wait for it to finish, or choose another output"):
-        check_replaceable(Path(out_dir), overwrite)
+    with output_directory(out_dir, "aiayn export", overwrite, "model.bin",
+                          "a CTranslate2 model directory"):
         for f in files:
             spec.register_file(str(f))  # copied by spec.save
         spec.validate()  # again: wraps any array set since build_spec, as optimize expects
@@ -210,9 +200,9 @@ def export_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     check_quantization(quantization)
-    if out.exists() and out.resolve() == src.resolve():
-        raise UserError(f"{out} is the model directory itself; choose another output directory")
-    check_replaceable(out, overwrite)
+    with output_directory(out, "aiayn export", overwrite, "model.bin", "a CTranslate2 model directory",
+                          [src]):
+        pass  # refused before the slow work, not only when the output is written
     if max_positions is not None and max_positions < 2:
         raise UserError(f"--max-positions must be >= 2, got {max_positions}")
     loaded = load_model(src)

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from aiayn.errors import UserError
-from aiayn.files import check_writable, write_dir_atomically
-from aiayn.locks import exclusive_lock
+from aiayn.files import write_dir_atomically
+from aiayn.locks import output_directory
 from aiayn.model.io import WEIGHTS_FILE, read_meta, read_weights
 from aiayn.model.io import read_config as read_seq2seq_config
 
@@ -86,17 +86,13 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
     fields. No trainer state: the result is for translating, not for resuming. `read_config`
     reads a directory's config (default: a sequence-to-sequence `Config`; aiayn/tasks.py reads
     any task's). A second average into the same `out` meanwhile is refused
-    (`aiayn.locks.exclusive_lock`)."""
+    (`aiayn.locks.output_directory`)."""
     read_config = read_config or read_seq2seq_config
     paths = [Path(p) for p in inputs]
     if not paths:
         raise UserError("nothing to average: no checkpoints given")
-    with exclusive_lock(out, "aiayn average", "wait for it to finish, or choose another --out"):
-        out = check_writable(out, overwrite)
-        if out.exists() and not (out / "config.json").is_file():
-            raise UserError(f"{out} exists and is not a model directory; refusing to replace it")
-        if any(out.resolve() == p.resolve() for p in paths):
-            raise UserError(f"{out} is one of the inputs; choose another --out")
+    with output_directory(out, "aiayn average", overwrite, "config.json", "a model directory", paths,
+                          "wait for it to finish, or choose another --out") as out:
         configs = [read_config(p) for p in paths]
         check_same_architecture(configs, [str(p) for p in paths])
         files = [_vocabulary_files(p) for p in paths]
