@@ -2,7 +2,9 @@
 
 Each subcommand lives in `aiayn/commands/<name>.py` with `add_arguments(parser)` and
 `main(args) -> int`. A `UserError`, or an I/O failure (a full disk, a read-only directory), becomes
-one line on stderr and exit status 2, no traceback.
+one line on stderr and exit status 2, no traceback. Every command module is imported to build the
+parser, so each imports what it runs (torch and the rest) inside `main`: `aiayn --help` and a
+mistyped option answer at once.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("parse", "parse sentences into bracketed trees with a trained model"),
     "evaluate": ("evaluate", "score translations: sacreBLEU, chrF, tokenized BLEU, perplexity"),
     "evalb": ("evalb", "score parse trees against gold trees as EVALB (COLLINS.prm) does"),
-    "export": ("export", "convert a model for another inference engine (CTranslate2)"),
+    "score": ("score", "the log-probability a model gives each translation (or n-best list)"),
+    "export": ("export", "convert a model for CTranslate2, Hugging Face Transformers or ONNX"),
     "info": ("info", "print a preset's config, parameter count and FLOPs per token"),
     "attention": ("attention", "draw a model's attention for a sentence (heatmaps, lines, HTML)"),
     "plot": ("plot", "plot positional encodings, the learning-rate schedule, training curves"),
@@ -40,7 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # How `aiayn --help` lists them (argparse lists subcommands in one flat group).
 GROUPS: dict[str, tuple[str, ...]] = {
-    "pipeline": ("prepare", "train", "average", "translate", "parse", "evaluate", "evalb", "export"),
+    "pipeline": ("prepare", "train", "average", "translate", "parse", "evaluate", "evalb", "score",
+                 "export"),
     "inspect": ("info", "attention", "plot"),
     "serve": ("serve",),
     "data": ("download", "treebank"),

@@ -436,16 +436,14 @@ class AttentionEngine(Engine):
 
     supports_alignment = True
 
-    def attention(self, source, hyp):
+    def attention(self, text, source, hyp):
         src = self.src_pieces(source) + ["</s>"]
         tgt = self.tgt_pieces(hyp.tokens) + ["</s>"]
         s = len(src)
         weights = [[0.7 + 0.3 / s if j == t % s else 0.3 / s for j in range(s)] for t in range(len(tgt))]
-        return Attention(src, tgt, weights)
-
-    def alignment(self, att):
-        return " ".join(f"{max(range(len(row)), key=row.__getitem__)}-{t}"
-                        for t, row in enumerate(att.weights[:-1]))
+        pairs = " ".join(f"{max(range(len(row)), key=row.__getitem__)}-{t}"
+                         for t, row in enumerate(weights[:-1]))
+        return Attention(src, tgt, weights, pairs)
 
 
 def chrome(profile, width: int, height: int, skip: Callable[[str], None] | None = None,

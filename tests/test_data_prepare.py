@@ -175,9 +175,10 @@ def test_separate_target_vocabulary_size(tmp_path):
     assert info.tgt_tokenizer.encode("(S XX )S") == [info.tgt_tokenizer.piece_to_id(p)
                                                      for p in ("▁(S", "▁XX", "▁)S")]
     unset = options(separate_vocab=True)
-    # the options as they were before tgt_vocab_size (and vocab_sample, which a corpus no larger
-    # than the sample leaves out) existed
-    legacy = {k: v for k, v in unset.__dict__.items() if k not in ("tgt_vocab_size", "vocab_sample")}
+    # the options as they were before tgt_vocab_size, vocab_from (and vocab_sample, which a corpus
+    # no larger than the sample leaves out) existed
+    legacy = {k: v for k, v in unset.__dict__.items()
+              if k not in ("tgt_vocab_size", "vocab_sample", "vocab_from")}
     assert fingerprint_options(unset, 200) == legacy
     assert _fingerprint(unset, {}, 200) != _fingerprint(options(separate_vocab=True, tgt_vocab_size=7), {}, 200)
     with pytest.raises(UserError, match="separate"):

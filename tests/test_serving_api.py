@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,7 +62,7 @@ def test_health_info_and_page(loaded):
         assert (info["source_language"], info["target_language"], info["step"]) == ("en", "de", 7)
         assert info["parameters"] == sum(p.numel() for p in loaded.model.parameters())
         assert info["decoding"]["beam_size"] == loaded.cfg.beam_size
-        assert info["alignment"] is False and info["api_key_required"] is False
+        assert info["alignment"] is True and info["api_key_required"] is False
         page = client.get("/")
         assert page.status_code == 200 and "<textarea" in page.text
         assert "connect-src 'self'" in page.headers["content-security-policy"]
@@ -146,8 +147,36 @@ ERRORS = [  # (body, extra headers, status, words in the error)
     (json.dumps({"q": "x" * 101}).encode(), {}, 413, "101 characters"),
     (json.dumps({"q": ["a"] * 5}).encode(), {}, 413, "5 texts"),
     (b'{"q": "a"}' + b" " * 20_000, {}, 413, "request body of"),
-    (b'{"q": "a", "alignment": true}', {}, 501, "does not return attention"),
 ]
+
+
+def test_alignments_over_http_equal_aiayn_translate_alignment(loaded, model_dir):
+    """`"alignment": true` returns, per text, the cross-attention of the last decoder layer
+    (heads averaged) behind the best translation and the hard word alignment, the same as
+    `Translator.align` (what `aiayn translate --alignment` prints) gives each sentence; an
+    ensemble's members attend each their own way: 501."""
+    from aiayn.decoding.ensemble import load_models
+
+    texts = [line for line in LINES if line][:4]
+    want = Translator(loaded).align(texts)
+    client, _ = client_for(loaded)
+    with client:
+        r = client.post("/translate", json={"q": texts, "alignment": True})
+        assert r.status_code == 200, r.text
+        items = r.json()["translations"]
+        plain = client.post("/translate", json={"q": texts}).json()["translations"]
+    for item, a, p in zip(items, want, plain):
+        assert item["tgt"] == a.translation == p["tgt"] and "alignment" not in p
+        assert item["alignment"] == a.format("hard")
+        att = item["attention"]
+        assert (att["src_pieces"], att["tgt_pieces"]) == (a.src_pieces, a.tgt_pieces)
+        assert np.allclose(np.array(att["weights"]), a.attention, atol=1e-6)
+    ensemble = load_models([model_dir, model_dir])
+    client, _ = client_for(ensemble)
+    with client:
+        assert client.get("/info").json()["alignment"] is False
+        r = client.post("/translate", json={"q": "a cat", "alignment": True})
+        assert r.status_code == 501 and "ensemble" in r.json()["error"]
 
 
 @pytest.mark.parametrize("body, headers, status, words", ERRORS)

@@ -190,19 +190,12 @@ def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
     """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory, on
     `device` (None: the GPU when there is one), under `precision`'s autocast (as training's dev
     figures; auto: `aiayn.precision.auto_precision`)."""
-    import numpy as np
-
-    from aiayn.data.batching import collate, length_batches
-    from aiayn.evaluation.perplexity import reference_perplexity
+    from aiayn.evaluation.perplexity import perplexity, score_ids
     from aiayn.model.io import load_model
     from aiayn.training.precision import Precision
 
     where = torch_device(device)
     autocast = Precision(precision, where).autocast
     loaded = load_model(model_dir, where)
-    pairs = [(np.asarray(s, np.int64), np.asarray(t, np.int64))
-             for s, t in zip(loaded.src_tokenizer.encode_batch(srcs),
-                             loaded.tgt_tokenizer.encode_batch(refs))]
-    batches = (collate(pairs, b) for b in length_batches([len(s) for s, _ in pairs], batch_tokens,
-                                                         [len(t) for _, t in pairs]))
-    return reference_perplexity(loaded.model, batches, autocast=autocast)
+    pairs = list(zip(loaded.src_tokenizer.encode_batch(srcs), loaded.tgt_tokenizer.encode_batch(refs)))
+    return perplexity([score_ids(loaded.model, pairs, batch_tokens, autocast)])

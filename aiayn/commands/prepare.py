@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from aiayn.commands.common import add_no_progress_argument, set_examples
+from aiayn.commands.common import add_no_progress_argument, refuse_unused, set_examples
 
 CORPUS_HELP = "PREFIX (PREFIX.SRC_LANG + PREFIX.TGT_LANG, optionally .gz), FILE.tsv, or two files SRC TGT"
 
@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "--valid data/multi30k/val --test data/multi30k/test_2016_flickr "
                     "--out data/m30k --vocab-size 8000",
                  "aiayn prepare --src-lang en --tgt-lang de --train corpus.tsv --out data/mine",
+                 "aiayn prepare --src-lang en --tgt-lang de --train news/train --valid news/dev "
+                 "--out data/news --vocab-from runs/m30k/model   # to fine-tune that model",
                  about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--src-lang", required=True, help="source language code, e.g. en")
     p.add_argument("--tgt-lang", required=True, help="target language code, e.g. de")
@@ -32,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test", nargs="+", action="append", default=[], metavar="PATH",
                    help="test corpus (never filtered), same forms; repeat for more (splits test, test2, ...)")
     p.add_argument("--out", required=True, metavar="DIR", help="dataset directory to create")
+    p.add_argument("--vocab-from", metavar="MODEL_DIR",
+                   help="encode with this model's sentencepiece model(s) instead of learning a "
+                        "vocabulary: data to fine-tune that model on (aiayn train --init-from); "
+                        "the vocabulary options below then do not apply")
     p.add_argument("--vocab-size", type=int, default=8000,
                    help="subword vocabulary size including 4 specials (default 8000; the paper's WMT "
                         "EN-DE used about 37000)")
@@ -68,8 +74,12 @@ def main(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.vocab_from is not None:
+        refuse_unused(args, ["vocab_size", "separate_vocab", "model_type", "tgt_model_type",
+                             "tgt_vocab_size", "vocab_sample"],
+                      f"--vocab-from {args.vocab_from} encodes with that model's vocabulary")
     options = PrepareOptions(
-        src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size,
+        src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size, vocab_from=args.vocab_from,
         separate_vocab=args.separate_vocab, model_type=args.model_type,
         tgt_model_type=args.tgt_model_type, tgt_vocab_size=args.tgt_vocab_size, max_len=args.max_len,
         max_ratio=args.max_ratio,

@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash",
         "aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30",
         "aiayn train --data data/wmt --out runs/base --preset base --max-steps 100000",
+        "aiayn train --data data/news --out runs/news --init-from runs/m30k/model --set warmup_steps=200",
         about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--data", required=True, metavar="DATA_DIR",
                    help="a dataset made by aiayn prepare, or (for the chart parser) a treebank "
@@ -37,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="F.json", help="JSON file of config fields applied over the preset")
     g.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                    help="config overrides, e.g. --set p_drop=0.3 warmup_steps=8000")
+    g.add_argument("--init-from", metavar="MODEL_DIR",
+                   help="start from this model's weights (fine-tuning): same architecture and "
+                        "vocabulary (prepare the data with --vocab-from MODEL_DIR), a fresh "
+                        "optimizer and learning-rate schedule; the config is the model's unless "
+                        "--preset or --config is given, --set changes it (e.g. warmup_steps=200 "
+                        "lr_scale=0.5)")
     g = p.add_argument_group("how long")
     g.add_argument("--max-steps", type=int, metavar="N", help="updates to train (sets max_steps)")
     g.add_argument("--max-epochs", type=int, metavar="N", help="passes over the training data")
@@ -82,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.presets import load_config
-    from aiayn.tasks import task_for_data
+    from aiayn.tasks import read_model_config, task_for_data
     from aiayn.training.seq2seq import Seq2SeqTask
     from aiayn.training.trainer import TrainOptions, train
 
@@ -94,7 +101,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--eval-bleu-sentences is for translation; the chart parser's evaluation "
                         "parses every dev sentence for its bracket F1")
     cfg = None  # on --resume without model options: the checkpoint's config
-    if not (args.resume and args.preset is None and args.config is None and not args.set):
+    if args.init_from is not None and args.preset is None and args.config is None:
+        cfg = read_model_config(args.init_from).with_overrides(args.set)  # the model's own config
+    elif not (args.resume and args.preset is None and args.config is None and not args.set):
         cfg = load_config(args.preset, args.config, args.set)
     options = TrainOptions(
         max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget, eval_every=args.eval_every,
@@ -104,7 +113,8 @@ def main(args: argparse.Namespace) -> int:
         overwrite=args.overwrite, precision=args.precision, compile=args.compile, accum=args.accum,
         batch_tokens=args.batch_tokens, device=args.device, threads=args.threads,
         log_every=args.log_every, peak_tflops=args.peak_tflops, max_nonfinite=args.max_nonfinite,
-        tensorboard=not args.no_tensorboard, progress=not args.no_progress, dev_split=args.dev_split)
+        tensorboard=not args.no_tensorboard, progress=not args.no_progress, dev_split=args.dev_split,
+        init_from=args.init_from)
     summary = train(cfg, task, args.out, options)
     if args.json and summary:
         json.dump(summary, sys.stdout, indent=2, default=str)

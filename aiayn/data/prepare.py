@@ -42,7 +42,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping
@@ -75,6 +75,7 @@ from aiayn.data.tokenizer import Tokenizer, train_tokenizers
 from aiayn.errors import OutputError, UserError
 from aiayn.files import atomic_write, publish_dir
 from aiayn.locks import exclusive_lock
+from aiayn.model.io import SHARED_SPM, tokenizer_files, vocabulary_sha256
 from aiayn.progress import Progress
 
 CHUNK_PAIRS = 10_000  # pairs per encoding task
@@ -103,6 +104,11 @@ class PrepareOptions:
     # 37,000-piece vocabulary learned from 1M pairs peaked at 2.87 GB, from 500,000 pairs (a
     # million sentences) at 1.87 GB (docs/experiments/wmt.md).
     vocab_sample: int = 500_000
+    # A model directory whose sentencepiece model(s) encode the data instead of a vocabulary
+    # learned from it (`aiayn prepare --vocab-from`): new data for fine-tuning that model
+    # (`aiayn train --init-from`). Shared or separate as the model's; the vocabulary options go
+    # unused. Its files' checksum, not its path, counts in the fingerprint.
+    vocab_from: str | None = None
 
     def check(self) -> None:
         if self.vocab_size < 5:
@@ -153,9 +159,11 @@ def fingerprint_options(options: PrepareOptions, train_pairs: int) -> dict:
     sample, so a corpus learned from whole keeps the fingerprint it had before sampling existed;
     an unset target vocabulary size is left out, so datasets made before that option keep theirs."""
     opts = {k: v for k, v in options.__dict__.items()
-            if k != "vocab_sample" and not (k == "tgt_vocab_size" and v is None)}
-    if options.samples(train_pairs):
+            if k not in ("vocab_sample", "vocab_from") and not (k == "tgt_vocab_size" and v is None)}
+    if options.samples(train_pairs) and not options.vocab_from:
         opts["vocab_sample"] = options.vocab_sample
+    if options.vocab_from:
+        opts["vocab_from"] = vocabulary_sha256(tokenizer_files(options.vocab_from))
     return opts
 
 
@@ -232,6 +240,20 @@ def _learn_vocab(work: Path, src: list[str], tgt: list[str], options: PrepareOpt
     return vocab
 
 
+def _copy_vocab(work: Path, model_dir: Path, say) -> dict:
+    """The sentencepiece model(s) of `model_dir` into `work`; their manifest entry by side."""
+    files = tokenizer_files(model_dir)
+    say(f"encoding with the vocabulary of {model_dir} ({', '.join(sorted(files))})")
+    vocab = {}
+    for side in ("src", "tgt"):
+        name = SHARED_SPM if SHARED_SPM in files else f"{side}.spm.model"
+        shutil.copyfile(files[name], work / name)
+        tok = Tokenizer.load(work / name)
+        vocab[side] = {"file": name, "size": tok.vocab_size,
+                       "sha256": hashlib.sha256(tok.model_proto).hexdigest()}
+    return vocab
+
+
 def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources: dict,
            shard_pairs: int, chunk_pairs: int, progress: bool, say) -> dict:
     """Check the training corpus while sampling it, learn the vocabulary into a fresh `work`;
@@ -254,7 +276,8 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
         raise UserError(f"every training pair has an empty side or a NUL byte ({n} pairs)")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    vocab = _learn_vocab(work, src, tgt, options, n, say)
+    vocab = (_copy_vocab(work, Path(options.vocab_from), say) if options.vocab_from
+             else _learn_vocab(work, src, tgt, options, n, say))
     state = {"fingerprint": _fingerprint(options, sources, n), "train_pairs": n,
              "shard_pairs": shard_pairs, "vocab": vocab, "shards": []}
     save_progress(work, state)
@@ -344,6 +367,13 @@ def prepare_dataset(
     t0 = time.perf_counter()
     say = log or (lambda msg: None)
     out = Path(out_dir)
+    if options.vocab_from:  # shared or separate as the model's vocabulary is
+        files = tokenizer_files(options.vocab_from)
+        if not files:
+            raise UserError(f"--vocab-from {options.vocab_from}: no sentencepiece model there "
+                            f"(spm.model, or src.spm.model and tgt.spm.model): not an aiayn model "
+                            f"directory")
+        options = replace(options, separate_vocab=SHARED_SPM not in files)
     options.check()
     if "train" not in splits:
         raise UserError("a training corpus is required (--train)")
@@ -421,9 +451,9 @@ def _manifest(state: dict, options: PrepareOptions, split_info: dict) -> dict:
         "tgt_lang": options.tgt_lang,
         "shared_vocab": not options.separate_vocab,
         "vocab": state["vocab"],
-        # an unset target size is left out, so datasets made before the option keep their key
+        # unset options are left out, so datasets made before them keep their keys
         "options": {k: v for k, v in options.__dict__.items()
-                    if not (k == "tgt_vocab_size" and v is None)},
+                    if not (k in ("tgt_vocab_size", "vocab_from") and v is None)},
         "splits": split_info,
         "software": {"aiayn": __version__, "sentencepiece": sentencepiece.__version__,
                      "numpy": np.__version__},

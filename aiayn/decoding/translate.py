@@ -283,33 +283,43 @@ class Translator:
             a.attention                                  # (T, S) numpy, rows sum to 1
             a.pairs, a.format("hard")                    # [(0, 0), ...], "0-0 1-1 ..."
         """
-        n_layers = self.cfg.n_layers
+        request = self.attention_request(layer, head, unit)
+        sources = self.prepare(lines, first_line)
+        found = self.search(sources, 1, progress, attention=request)
+        return [self.alignment(line, src, hyps[0] if hyps else None, request, unit)
+                for line, src, hyps in zip(lines, sources, found)]
+
+    def attention_request(self, layer: int = -1, head: int | None = None, unit: Unit = "word"
+                          ) -> AttentionRequest:
+        """What a search keeps for `alignment`: one decoder layer (0-based, negative from the
+        top), one head or the mean of all heads; a bad index or unit is one line."""
         if unit not in ("word", "piece"):
             raise UserError(f"alignment unit must be 'word' or 'piece', got {unit!r}")
         try:
-            layer = check_index(layer, n_layers, "layer")
+            layer = check_index(layer, self.cfg.n_layers, "layer")
             if head is not None:
                 head = check_index(head, self.cfg.n_heads, "head")
         except ValueError as e:
             raise UserError(str(e)) from None
-        request = AttentionRequest(layers=(layer,), heads=None if head is None else (head,),
-                                   mean_heads=True)
-        sources = self.prepare(lines, first_line)
-        found = self.search(sources, 1, progress, attention=request)
-        out = []
-        for line, src, hyps in zip(lines, sources, found):
-            h = hyps[0] if hyps else Hypothesis([], 0.0, 0.0)
-            if not src or h.attention is None:  # blank line: nothing was translated
-                out.append(SentenceAlignment.build(line, "", [], [], np.zeros((0, 0), np.float32),
-                                                   layer, head, unit))
-                continue
-            src_pieces = [self.src_tokenizer.id_to_piece(i) for i in src] + [EOS_PIECE]
-            tgt_pieces = [self.tgt_tokenizer.id_to_piece(i) for i in h.tokens]
-            tgt_pieces += [EOS_PIECE] if h.complete else []
-            attn = h.attention[0, 0].cpu().numpy()  # (T, S)
-            out.append(SentenceAlignment.build(line, self.detokenize(h.tokens), src_pieces,
-                                               tgt_pieces, attn, layer, head, unit))
-        return out
+        return AttentionRequest(layers=(layer,), heads=None if head is None else (head,),
+                                mean_heads=True)
+
+    def alignment(self, line: str, src: Sequence[int], hyp: Hypothesis | None,
+                  request: AttentionRequest, unit: Unit = "word") -> SentenceAlignment:
+        """The translation `hyp` of `line` (source ids `src`), found by a search that kept the
+        attention `request` asks for, with that attention and the word alignment taken from it
+        (`aiayn.decoding.alignment`). `aiayn translate --alignment` and `aiayn serve` both make
+        their alignments here."""
+        layer, head = request.layers[0], None if request.heads is None else request.heads[0]
+        if not src or hyp is None or hyp.attention is None:  # blank line: nothing was translated
+            return SentenceAlignment.build(line, "", [], [], np.zeros((0, 0), np.float32), layer,
+                                           head, unit)
+        src_pieces = [self.src_tokenizer.id_to_piece(i) for i in src] + [EOS_PIECE]
+        tgt_pieces = [self.tgt_tokenizer.id_to_piece(i) for i in hyp.tokens]
+        tgt_pieces += [EOS_PIECE] if hyp.complete else []
+        attn = hyp.attention[0, 0].cpu().numpy()  # (T, S)
+        return SentenceAlignment.build(line, self.detokenize(hyp.tokens), src_pieces, tgt_pieces,
+                                       attn, layer, head, unit)
 
 
 def format_nbest(index: int, entries: Sequence[tuple[float, str]]) -> Iterator[str]:

@@ -1,6 +1,5 @@
 """Export a model directory to Hugging Face Transformers' `MarianMTModel` (`aiayn export --format
-huggingface`): `from_pretrained` loads it, `pipeline("translation")` and the Hub take it, and
-Optimum turns it into ONNX.
+huggingface`): `from_pretrained` loads it, `generate` translates with it, the Hub takes it.
 
 The paper's Transformer is, weight for weight, Marian's: post-norm layers (§3.1), attention and
 FFN with the same shapes, embeddings scaled by sqrt(d_model) (§3.4) and tied to the pre-softmax
@@ -20,7 +19,8 @@ What differs, said plainly:
   not by the GNMT penalty ((5 + |Y|) / 6)**alpha of §6.1, and has no per-sentence maximum length
   (a * source length + b); greedy search is the same search (tested token for token).
 - Tokenizer: `MarianTokenizer` reads the same sentencepiece model, but first normalizes
-  punctuation with sacremoses (quotes, dashes); plain text gives the same ids.
+  punctuation with sacremoses (quotes, dashes), and strips the text it decodes; plain text gives
+  the same ids and the same translation.
 Refused, one line each: the RNN baseline, pre-norm, learned positions, restricted attention,
 separate source and target vocabularies, untied output, head sizes other than d_model / h, and
 an odd d_model.
@@ -37,6 +37,9 @@ import torch
 
 from aiayn.config import Config
 from aiayn.errors import UserError
+from aiayn.files import write_dir_atomically
+from aiayn.locks import output_directory
+from aiayn.model.io import load_model, read_config
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024  # Marian's position table; aiayn's sinusoids have no limit
@@ -179,24 +182,14 @@ def export_huggingface(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     (config.json, generation_config.json, model.safetensors, the tokenizer's files), atomically;
     the output is locked while it is written, and replaced only when it is such a directory
     and `overwrite` is given."""
-    from aiayn.files import check_writable, write_dir_atomically
-    from aiayn.locks import exclusive_lock
-    from aiayn.model.io import load_model, read_config
-
     transformers = require_transformers()
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     n_pos = max_positions or DEFAULT_MAX_POSITIONS
     if n_pos < 2:
         raise UserError(f"--max-positions must be >= 2, got {n_pos}")
-    if out.exists() and out.resolve() == src.resolve():
-        raise UserError(f"{out} is the model directory itself; choose another output directory")
-    with exclusive_lock(out, "aiayn export", "wait for it to finish, or choose another output"):
-        check_writable(out, overwrite)
-        if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
-                                         and (out / "tokenizer_config.json").is_file()):
-            raise UserError(f"{out} exists and is not a Hugging Face model directory; refusing to "
-                            f"replace it (choose another output directory)")
+    with output_directory(out, "aiayn export", overwrite, "tokenizer_config.json",
+                          "a Hugging Face model directory", [src]):
         loaded = load_model(src)
         langs = (loaded.meta.get("src_lang"), loaded.meta.get("tgt_lang"))
         marian = to_marian(loaded.model, n_pos)

@@ -22,7 +22,9 @@ attention (its ring-buffer cache).
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,10 @@ from torch import Tensor, nn
 
 from aiayn.config import Config
 from aiayn.errors import UserError
+from aiayn.files import write_dir_atomically
+from aiayn.locks import output_directory
+from aiayn.model.embedding import sinusoidal_table
+from aiayn.model.io import CONFIG_FILE, load_model, read_config, tokenizer_files
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024
@@ -39,9 +45,7 @@ ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
 
 
 def require(module: str, extra: str = "onnx") -> Any:
-    """An optional package, imported where it is used."""
-    import importlib
-
+    """An optional package, imported where it is used (onnxruntime and onnxscript are large)."""
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -75,8 +79,6 @@ class _DecoderStep(nn.Module):
 
     def __init__(self, model: nn.Module, max_positions: int):
         super().__init__()
-        from aiayn.model.embedding import sinusoidal_table
-
         self.model = model
         cfg = model.cfg
         table = (model.tgt_pos.weight.detach() if cfg.positions == "learned"
@@ -141,25 +143,12 @@ def export_onnx(model_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
     """Write `model_dir` (an aiayn model directory) as an ONNX directory (module docstring),
     atomically; the output is locked while it is written, and replaced only when it is such a
     directory and `overwrite` is given."""
-    import shutil
-
-    from aiayn.files import check_writable, write_dir_atomically
-    from aiayn.locks import exclusive_lock
-    from aiayn.model.io import CONFIG_FILE, load_model, read_config, tokenizer_files
-
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     n_pos = max_positions or DEFAULT_MAX_POSITIONS
     if n_pos < 2:
         raise UserError(f"--max-positions must be >= 2, got {n_pos}")
-    if out.exists() and out.resolve() == src.resolve():
-        raise UserError(f"{out} is the model directory itself; choose another output directory")
-    with exclusive_lock(out, "aiayn export", "wait for it to finish, or choose another output"):
-        check_writable(out, overwrite)
-        if os.path.lexists(out) and not (out.is_dir() and not out.is_symlink()
-                                         and (out / DECODER).is_file()):
-            raise UserError(f"{out} exists and is not an ONNX model directory; refusing to "
-                            f"replace it (choose another output directory)")
+    with output_directory(out, "aiayn export", overwrite, DECODER, "an ONNX model directory", [src]):
         loaded = load_model(src)
 
         def fill(tmp: Path) -> None:
@@ -179,8 +168,6 @@ class OnnxGreedy:
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
         ort = require("onnxruntime")
-        from aiayn.model.io import read_config
-
         d = Path(directory)
         self.cfg = read_config(d)
         options = ort.SessionOptions()

@@ -13,6 +13,7 @@ half-written model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,7 +38,8 @@ SHARED_SPM, SRC_SPM, TGT_SPM = "spm.model", "src.spm.model", "tgt.spm.model"
 META_SCHEMA = {
     "?step": int, "?epoch": float, "?src_lang": (str, None), "?tgt_lang": (str, None),
     "?dataset": str, "?dataset_fingerprint": (str, None), "?dev": (dict, None),
-    "?bleu_signature": (str, None), "?averaged_from": [str],
+    "?bleu_signature": (str, None), "?averaged_from": [str], "?vocabulary": str,
+    "?init_from": str,
 }
 
 
@@ -56,6 +58,26 @@ def tokenizer_files(directory: str | os.PathLike) -> dict[str, Path]:
     d = Path(directory)
     names = [SHARED_SPM] if (d / SHARED_SPM).exists() else [SRC_SPM, TGT_SPM]
     return {n: d / n for n in names if (d / n).exists()}
+
+
+def vocabulary_sha256(files: dict[str, Path]) -> str:
+    """One checksum of a model's or dataset's sentencepiece files (`tokenizer_files`), names
+    and bytes: what meta.json records as "vocabulary", so weights are never paired with
+    another vocabulary than the one they were trained with."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def check_vocabulary(model_dir: Path, meta: dict, files: dict[str, Path]) -> None:
+    """Refuse (one line) a model directory whose tokenizer files are not the vocabulary its
+    meta.json says the weights were trained with (models saved before the checksum pass)."""
+    want = meta.get("vocabulary")
+    if want is not None and vocabulary_sha256(files) != want:
+        raise UserError(f"{model_dir}: its {', '.join(sorted(files))} is not the vocabulary its "
+                        f"weights were trained with (meta.json records another checksum); "
+                        f"use the tokenizer files of the run that trained it")
 
 
 def fill_model_dir(tmp: Path, state: dict[str, torch.Tensor], cfg: Config,
@@ -123,10 +145,12 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> L
     model = build_model(cfg)
     load_state_checked(model, read_weights(p), str(p))
     toks = tokenizer_files(p)
+    meta = read_meta(p)
+    check_vocabulary(p, meta, toks)
     if SHARED_SPM in toks:
         src_tok = tgt_tok = Tokenizer.load(toks[SHARED_SPM])
     elif SRC_SPM in toks and TGT_SPM in toks:
         src_tok, tgt_tok = Tokenizer.load(toks[SRC_SPM]), Tokenizer.load(toks[TGT_SPM])
     else:
         raise UserError(f"{p} has no tokenizer ({SHARED_SPM}, or {SRC_SPM} and {TGT_SPM})")
-    return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, read_meta(p), p)
+    return LoadedModel(model.to(device).eval(), cfg, src_tok, tgt_tok, meta, p)

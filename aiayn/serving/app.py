@@ -206,12 +206,13 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
         req = parse_translate(obj, settings, engine.default_beam)
         check_languages(engine, req)
         if req.alignment and not engine.supports_alignment:
-            raise RequestError(501, "alignment: this server's decoder does not return attention "
-                                    "weights yet")
+            raise RequestError(501, "alignment: this server serves an ensemble, whose members "
+                                    "attend each their own way; serve one model for alignments")
         texts = req.texts
         ids, warnings = engine.prepare(texts)
         key = SearchKey(req.beam_size or engine.default_beam,
-                        engine.default_alpha if req.alpha is None else float(req.alpha), req.nbest)
+                        engine.default_alpha if req.alpha is None else float(req.alpha), req.nbest,
+                        req.alignment)
         try:
             job = batcher.submit(key, ids)
         except QueueFull as e:
@@ -250,8 +251,8 @@ def translation_item(engine: Engine, text: str, src: list[int], hyps: list, alig
     best = nbest[0] if nbest else {"tgt": "", "score": None}
     item: dict[str, Any] = {"src": text, "tgt": best["tgt"], "score": best["score"], "nbest": nbest}
     if alignment and hyps and src:
-        att = engine.attention(src, hyps[0])
+        att = engine.attention(text, src, hyps[0])
         item["attention"] = {"src_pieces": att.src_pieces, "tgt_pieces": att.tgt_pieces,
                              "weights": att.weights}
-        item["alignment"] = engine.alignment(att)
+        item["alignment"] = att.alignment
     return item

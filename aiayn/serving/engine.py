@@ -22,6 +22,7 @@ class SearchKey:
     beam_size: int
     alpha: float
     nbest: int
+    alignment: bool = False  # keep the attention behind the best translation (`Engine.attention`)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Attention:
     src_pieces: list[str]
     tgt_pieces: list[str]
     weights: list[list[float]]
+    alignment: str = ""  # Pharaoh pairs "i-j ..." of source and target words, 0-based
 
 
 class Engine:
@@ -58,16 +60,18 @@ class Engine:
         meta = loaded.meta or {}
         self.src_lang, self.tgt_lang = meta.get("src_lang"), meta.get("tgt_lang")
 
-    # Alignment and attention need the cross-attention weights of the output beam search chose
-    # (`Translator.align` has them); this engine does not ask for them yet, so a request for them
-    # is refused (501) and the page draws no heatmap. A subclass that returns them switches both on.
-    supports_alignment = False
+    @property
+    def supports_alignment(self) -> bool:
+        """One model's attention: an ensemble's members attend each their own way (as `aiayn
+        translate --alignment` refuses an ensemble, the server answers 501)."""
+        return getattr(self.loaded.model, "members", None) is None
 
-    def attention(self, source: Sequence[int], hyp: Hypothesis) -> Attention:
-        raise NotImplementedError("this build's decoder does not return attention weights")
-
-    def alignment(self, attention: Attention) -> str:
-        raise NotImplementedError("this build's decoder does not return attention weights")
+    def attention(self, text: str, source: Sequence[int], hyp: Hypothesis) -> Attention:
+        """The cross-attention behind `hyp` (found with `SearchKey.alignment`) and its word
+        alignment, made as `aiayn translate --alignment` makes them (`Translator.alignment`):
+        the last decoder layer, the mean of its heads, words."""
+        a = self.base.alignment(text, source, hyp, self.base.attention_request())
+        return Attention(a.src_pieces, a.tgt_pieces, a.attention.tolist(), a.format("hard"))
 
     def prepare(self, texts: Sequence[str]) -> tuple[list[list[int]], list[str]]:
         """Token ids per text as `aiayn translate` makes them (over-long sources truncated), and
@@ -88,8 +92,11 @@ class Engine:
         return self._translators[key]
 
     def search(self, key: SearchKey, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """The hypotheses of each source, best first (model worker thread)."""
-        return self.translator(key.beam_size, key.alpha).search(sources, key.nbest)
+        """The hypotheses of each source, best first (model worker thread); with
+        `key.alignment` each keeps the attention `attention` reads."""
+        request = self.base.attention_request() if key.alignment else None
+        return self.translator(key.beam_size, key.alpha).search(sources, key.nbest,
+                                                                attention=request)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.base.detokenize(tokens)

@@ -41,6 +41,28 @@ class LossSums(NamedTuple):
 _CHUNK_ROWS = 256
 
 
+def _token_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of (N, V) logits, in float32, a block of rows at a time: -log p(target)
+    (N,), the mean of -log p over the ids that can be a target (N,), and the log-normaliser
+    lse (N, 1)."""
+    n, v = logits.shape
+    never = list(NEVER_TARGET)
+    nll = torch.empty(n, dtype=torch.float32, device=logits.device)
+    uniform = torch.empty(n, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(n, 1, dtype=torch.float32, device=logits.device)
+    for a in range(0, n, _CHUNK_ROWS):
+        b = a + _CHUNK_ROWS
+        z = logits[a:b].float()  # (rows, V); a copy for low-precision logits, a view for fp32
+        lp = torch.log_softmax(z, dim=-1)  # (rows, V)
+        y = target[a:b].unsqueeze(1)  # (rows, 1)
+        lp_y = lp.gather(1, y)  # (rows, 1)
+        nll[a:b] = lp_y.squeeze(1).neg()
+        # mean of -log p over the ids that can be a target
+        uniform[a:b] = (lp[:, never].sum(dim=-1) - lp.sum(dim=-1)) / (v - len(never))
+        lse[a:b] = z.gather(1, y) - lp_y  # log p = z - lse at every id, the reference's too
+    return nll, uniform, lse
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Both sums of `label_smoothed_loss` from (N, V) logits, with a hand-written gradient, a
     block of rows at a time: no (N, V) float32 log-probabilities, one-hot matrix or scattered
@@ -55,21 +77,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, eps: float):
-        n, v = logits.shape
-        never = list(NEVER_TARGET)
-        nll = torch.empty(n, dtype=torch.float32, device=logits.device)
-        uniform = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty(n, 1, dtype=torch.float32, device=logits.device)
-        for a in range(0, n, _CHUNK_ROWS):
-            b = a + _CHUNK_ROWS
-            z = logits[a:b].float()  # (rows, V); a copy for low-precision logits, a view for fp32
-            lp = torch.log_softmax(z, dim=-1)  # (rows, V)
-            y = target[a:b].unsqueeze(1)  # (rows, 1)
-            lp_y = lp.gather(1, y)  # (rows, 1)
-            nll[a:b] = lp_y.squeeze(1).neg()
-            # mean of -log p over the ids that can be a target
-            uniform[a:b] = (lp[:, never].sum(dim=-1) - lp.sum(dim=-1)) / (v - len(never))
-            lse[a:b] = z.gather(1, y) - lp_y  # log p = z - lse at every id, the reference's too
+        nll, uniform, lse = _token_losses(logits, target)
         nll = nll.masked_fill_(~keep, 0.0).sum()
         uniform = uniform.masked_fill_(~keep, 0.0).sum()
         smoothed = (1.0 - eps) * nll + eps * uniform if eps > 0 else nll
@@ -112,6 +120,20 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float, pad_id: int 
     keep = target != pad_id  # (N,)
     smoothed, nll = _SmoothedCrossEntropy.apply(flat, target, keep, float(eps))
     return LossSums(smoothed, nll, keep.sum())
+
+
+@torch.no_grad()
+def token_losses(logits: Tensor, target: Tensor, eps: float, pad_id: int = PAD_ID
+                 ) -> tuple[Tensor, Tensor]:
+    """The two per-token terms `label_smoothed_loss` sums, without gradients: label-smoothed
+    loss and NLL of each target token, float32, 0 at padding. logits (B, T, V), target (B, T)
+    -> (B, T) each (or (N, V), (N,) -> (N,))."""
+    flat = logits.reshape(-1, logits.size(-1))  # (N, V)
+    nll, uniform, _ = _token_losses(flat, target.reshape(-1))
+    pad = target.reshape(-1) == pad_id
+    nll = nll.masked_fill_(pad, 0.0)
+    smoothed = (1.0 - eps) * nll + eps * uniform.masked_fill_(pad, 0.0) if eps > 0 else nll
+    return smoothed.view(target.shape), nll.view(target.shape)
 
 
 def label_smoothed_mean(logits: Tensor, target: Tensor, eps: float, pad_id: int = PAD_ID

@@ -23,6 +23,11 @@ class TrainOptions:
     keep: int | None = None  # newest checkpoints kept; default max(cfg.n_average, 1)
     seed: int | None = None  # weights, dropout and batch order; default 1, on resume the run's
     resume: bool = False
+    # Start a new run from the weights of this model directory (an averaged model or a
+    # checkpoint): same architecture and vocabulary, a fresh optimizer and learning-rate
+    # schedule (Eq. 3's warmup again; warmup_steps and lr_scale as the config says). Fine-tuning,
+    # domain adaptation. A resumed run continues from its own checkpoint instead.
+    init_from: str | None = None
     overwrite: bool = False
     precision: str = "auto"
     # torch.compile the training forward/backward (inductor fuses dropout, residual, LayerNorm and

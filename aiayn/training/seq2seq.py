@@ -17,7 +17,7 @@ from aiayn.data.dataset import load_dataset_dir
 from aiayn.errors import UserError
 from aiayn.model.build import build_model
 from aiayn.model.counting import count_parameters, flops_per_target_token
-from aiayn.model.io import fill_model_dir, read_config, tokenizer_files
+from aiayn.model.io import fill_model_dir, read_config, tokenizer_files, vocabulary_sha256
 from aiayn.training.evaluate import evaluate
 from aiayn.training.loss import LossSums, label_smoothed_loss
 
@@ -29,6 +29,7 @@ class Seq2SeqTask:
         self.directory = Path(data_dir)
         self.data = load_dataset_dir(data_dir)
         self.tokenizers = tokenizer_files(self.data.directory)
+        self.vocabulary = vocabulary_sha256(self.tokenizers)  # meta.json's "vocabulary"
         self.train_set = self.data.split("train")
         splits = [s for s in self.data.splits if s != "train"]
         name = dev_split if dev_split is not None else (
@@ -46,7 +47,14 @@ class Seq2SeqTask:
         return read_config(model_dir)
 
     def check_checkpoint(self, model_dir: Path) -> None:
-        """Vocabulary checks are by the weights' shapes (`load_state_checked`)."""
+        """The model's sentencepiece files must be the dataset's, byte for byte: weights trained
+        with one vocabulary mean nothing over another of the same size."""
+        theirs = tokenizer_files(model_dir)
+        if sorted(theirs) != sorted(self.tokenizers) or any(
+                theirs[n].read_bytes() != self.tokenizers[n].read_bytes() for n in theirs):
+            raise UserError(f"{model_dir} was trained with another vocabulary than {self.directory}'s; "
+                            f"prepare the data with `aiayn prepare --vocab-from {model_dir}` so "
+                            f"that they share one")
 
     def build_model(self, cfg: Config) -> torch.nn.Module:
         return build_model(cfg)
@@ -82,7 +90,8 @@ class Seq2SeqTask:
     def meta(self) -> dict[str, Any]:
         m = self.data.manifest
         return {"src_lang": m.get("src_lang"), "tgt_lang": m.get("tgt_lang"),
-                "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint")}
+                "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint"),
+                "vocabulary": self.vocabulary}
 
     def flops_per_target_token(self, cfg: Config) -> float:
         split = self.data.manifest["splits"]["train"]

@@ -77,6 +77,13 @@ class Trainer:
         state = ckpt.load_trainer_state(self.resume_from) if self.resume_from else None
         if self.resume_from is not None:
             task.check_checkpoint(self.resume_from)
+        # --init-from: a new run from a model's weights (a resumed run has its own)
+        self.init_from = Path(options.init_from) if options.init_from and not state else None
+        if self.init_from is not None:
+            task.check_checkpoint(self.init_from)
+        # the model a run started from (--init-from), recorded in every checkpoint's meta.json
+        self.started_from: str | None = (str(self.init_from) if self.init_from is not None
+                                         else (state["run"].get("init_from") if state else None))
         self.cfg, self.config_changes = self._config(cfg)
         saved_run = state["run"] if state else {}
         self.seed: int = options.seed if options.seed is not None else saved_run.get("seed", 1)
@@ -127,10 +134,18 @@ class Trainer:
         """The run's config: the caller's (what the data decides filled in, --max-steps applied),
         reconciled with the checkpoint's on resume."""
         max_steps = self.options.max_steps
+        if cfg is None and self.init_from is not None and self.resume_from is None:
+            cfg = self.task.read_config(self.init_from)  # the model's own recipe, by default
         wanted = self.task.config(cfg) if cfg is not None else None
         if self.resume_from is None:
             if wanted is None:
                 raise UserError(f"{self.run_dir} has no checkpoint to resume; give a --preset or --config")
+            if self.init_from is not None:
+                changes = self.task.read_config(self.init_from).architecture_changes(wanted)
+                if changes:
+                    raise UserError(f"--init-from {self.init_from}: the run's architecture differs "
+                                    f"from the model's ({changes[0]}); leave the preset out to "
+                                    f"take the model's config")
             return (replace(wanted, max_steps=max_steps) if max_steps else wanted), []
         saved = self.task.read_config(self.resume_from)
         if max_steps is not None:
@@ -157,6 +172,8 @@ class Trainer:
         np.random.seed(self.seed % 2**32)
         torch.manual_seed(self.seed)
         model = self.task.build_model(self.cfg).to(self.env.device)
+        if self.init_from is not None:
+            load_state_checked(model, read_weights(self.init_from), str(self.init_from))
         torch.manual_seed(dist_.rank_seed(self.seed, self.env.rank))
         return model
 
@@ -196,6 +213,9 @@ class Trainer:
             self.log.say(f"resuming {self.resume_from} at step {self.step}")
             for c in self.config_changes:
                 self.log.say(f"  config change on resume: {c}")
+        elif self.init_from is not None:
+            self.log.say(f"starting from the weights of {self.init_from}, with a fresh optimizer "
+                         f"and learning-rate schedule")
         elif o.resume:  # e.g. the run was killed before its first checkpoint: say so, then start
             self.log.say(f"warning: --resume: {self.run_dir} holds no checkpoint yet; starting a "
                          f"new run at step 0")
@@ -360,7 +380,8 @@ class Trainer:
             ckpt.save_best(self.run_dir, self.model.state_dict(), self._writer(meta))
 
     def _meta(self, extra: dict | None = None) -> dict[str, Any]:
-        return {"step": self.step, **self.task.meta(),
+        start = {"init_from": self.started_from} if self.started_from else {}
+        return {"step": self.step, **self.task.meta(), **start,
                 "epoch": self.sampler.epoch + self.sampler.position / max(len(self.sampler), 1),
                 **(extra or {})}
 
@@ -397,7 +418,8 @@ class Trainer:
             step=self.step, optimizer=self.optimizer.state_dict(), scaler=self.precision.state_dict(),
             sampler=self.sampler.state_dict(), ranks=rng, progress=asdict(self.progress),
             run={"seed": self.seed, "world_size": self.env.world_size,
-                 "batch_tokens": self.batch_tokens, "accum": self.accum})
+                 "batch_tokens": self.batch_tokens, "accum": self.accum,
+                 "init_from": self.started_from})
         keep = self.options.keep or max(self.cfg.n_average, 1)
         meta = self._meta({"dev": self.progress.dev[-1] if self.progress.dev else None})
         try:
