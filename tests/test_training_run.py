@@ -295,6 +295,29 @@ def test_time_budget_counts_the_whole_run(data, tmp_path, fake_clock):
     assert more["steps"] > s["steps"]
 
 
+def test_a_short_budget_checkpoints_often_enough_to_average(data, tmp_path, fake_clock, capsys):
+    """With --save-minutes not given, a budget shorter than n_average + 1 of the paper's 10-minute
+    intervals checkpoints every budget / (n_average + 1) minutes, and says so."""
+    s = train(small_cfg(), data, tmp_path / "r", quiet(time_budget=0.06, eval_every=0,
+                                                       save_minutes=10.0, fit_saves_to_budget=True))
+    n_average = small_cfg().n_average
+    assert s["stopped_by"] == "time_budget"
+    assert len(list_checkpoints(tmp_path / "r")) >= n_average
+    assert f"checkpoints every {0.06 / (n_average + 1):.2g} minutes" in capsys.readouterr().err
+    kept = train(small_cfg(), data, tmp_path / "k", quiet(time_budget=0.06, eval_every=0,
+                                                          save_minutes=10.0))
+    assert kept["stopped_by"] == "time_budget" and len(list_checkpoints(tmp_path / "k")) == 1
+
+
+def test_a_limit_before_the_end_of_warmup_is_said_in_one_line(data, tmp_path, capsys):
+    train(small_cfg(), data, tmp_path / "a", quiet(max_steps=25, eval_every=0))  # warmup 30
+    err = capsys.readouterr().err
+    assert "warning: --max-steps 25 holds about 25 updates, fewer than warmup_steps=30" in err
+    assert "--set warmup_steps=N" in err
+    train(small_cfg(), data, tmp_path / "b", quiet(max_steps=40, eval_every=0))
+    assert "warmup_steps" not in capsys.readouterr().err
+
+
 def test_cooldown_over_steps_follows_the_schedule_and_resumes_exactly(data, tmp_path, monkeypatch):
     from aiayn.training.schedule import cooldown_factor, lr_at
 

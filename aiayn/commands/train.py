@@ -72,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its bracket F1")
     g.add_argument("--dev-split", help="dataset split to evaluate on (default: valid)")
     g.add_argument("--save-every", type=int, metavar="M", help="checkpoint every M updates")
-    g.add_argument("--save-minutes", type=float, default=10.0, metavar="T",
-                   help="checkpoint every T minutes (default 10, as the paper)")
+    g.add_argument("--save-minutes", type=float, metavar="T",
+                   help="checkpoint every T minutes (default 10, as the paper; with a time budget "
+                        "shorter than n_average + 1 such intervals, the budget / (n_average + 1))")
     g.add_argument("--keep", type=int, metavar="K", help="newest checkpoints kept (default: n_average)")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in RUN_DIR")
     g.add_argument("--overwrite", action="store_true", help="delete RUN_DIR's checkpoints and start over")
@@ -109,7 +110,8 @@ def main(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget, eval_every=args.eval_every,
         eval_bleu_sentences=200 if args.eval_bleu_sentences is None else args.eval_bleu_sentences,
         save_every=args.save_every,
-        save_minutes=args.save_minutes, keep=args.keep, seed=args.seed, resume=args.resume,
+        save_minutes=10.0 if args.save_minutes is None else args.save_minutes,
+        fit_saves_to_budget=args.save_minutes is None, keep=args.keep, seed=args.seed, resume=args.resume,
         overwrite=args.overwrite, precision=args.precision, compile=args.compile, accum=args.accum,
         batch_tokens=args.batch_tokens, device=args.device, threads=args.threads,
         log_every=args.log_every, peak_tflops=args.peak_tflops, max_nonfinite=args.max_nonfinite,

@@ -20,6 +20,10 @@ class TrainOptions:
     eval_bleu_sentences: int = 200  # greedy-decoded dev sentences for BLEU; 0: no BLEU; -1: all
     save_every: int | None = None  # updates between checkpoints
     save_minutes: float | None = 10.0  # minutes between checkpoints (§6.1: 10-minute intervals)
+    # When the time budget holds fewer than n_average + 1 checkpoints at `save_minutes`, save every
+    # budget / (n_average + 1) minutes instead, so that averaging finds its checkpoints (what
+    # `aiayn train` does when --save-minutes is not given).
+    fit_saves_to_budget: bool = False
     keep: int | None = None  # newest checkpoints kept; default max(cfg.n_average, 1)
     seed: int | None = None  # weights, dropout and batch order; default 1, on resume the run's
     resume: bool = False

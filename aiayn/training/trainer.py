@@ -121,6 +121,13 @@ class Trainer:
         self.updater = Updater(self.step_model, self.optimizer, self.cfg, self.precision, env,
                                partial(task.loss, cfg=self.cfg, autocast=self.precision.autocast))
 
+        self.save_minutes = options.save_minutes
+        budget, n = options.time_budget, self.cfg.n_average
+        if (options.fit_saves_to_budget and budget is not None and self.save_minutes is not None
+                and budget / self.save_minutes < n + 1):
+            self.save_minutes = budget / (n + 1)
+        self.warmup_checked = False  # `_check_warmup`, once a run's first updates are timed
+
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.remove_stale_temporaries(self.run_dir)  # safe: rank 0 holds the run's lock
@@ -225,6 +232,10 @@ class Trainer:
             f"{allocator_in_use()}; update = {self.accum} x {self.batch_tokens} {task.unit} x "
             f"{env.world_size} rank(s) (target {task.update_size(cfg)}); {len(self.sampler)} "
             f"micro-batches per epoch per rank")
+        if self.save_minutes != o.save_minutes:
+            self.log.say(f"checkpoints every {self.save_minutes:.2g} minutes: the "
+                         f"{o.time_budget:g}-minute budget holds {cfg.n_average} + 1 of them "
+                         f"(averaging takes the last {cfg.n_average})")
         if env.is_main:
             run = {"config": cfg.to_dict(), "task": cfg.TASK, "options": asdict(o),
                    "data": str(task.directory),
@@ -285,6 +296,8 @@ class Trainer:
                 if self.step % o.log_every == 0 or self.step == 1:
                     self._log_train(window, stream.epochs_done, bar)
                     window = LogWindow()
+                if not self.warmup_checked and self.step >= 20:
+                    self._check_warmup()
                 done = self.max_steps is not None and self.step >= self.max_steps
                 if o.eval_every and self.step % o.eval_every == 0 and not done:
                     self._evaluate()
@@ -294,6 +307,28 @@ class Trainer:
         finally:
             bar.close()
         return self._finish(stopped_by, _clock() - self.t_start)
+
+    def _check_warmup(self) -> None:
+        """Once, after the first updates are timed: say in one line when the run's limit comes
+        before the end of Eq. 3's warmup (the rate would never reach its peak), and what to change."""
+        self.warmup_checked = True
+        o, warmup = self.options, self.cfg.warmup_steps
+        if self.step >= warmup:
+            return
+        per_update = self.progress.train_seconds / max(self.step, 1)
+        limits = []
+        if self.max_steps is not None:
+            limits.append((self.max_steps, f"--max-steps {self.max_steps}"))
+        if o.time_budget is not None:
+            left = o.time_budget * 60 - self._elapsed()
+            limits.append((self.step + int(left / per_update),
+                           f"the {o.time_budget:g}-minute budget (at {per_update:.2g} s an update)"))
+        if limits:
+            updates, what = min(limits)
+            if updates < warmup:
+                self.log.say(f"warning: {what} holds about {updates:,} updates, fewer than "
+                             f"warmup_steps={warmup}: the learning rate never reaches its peak "
+                             f"(Eq. 3); lower it with --set warmup_steps=N or train longer")
 
     def _skipped(self, r: UpdateResult, streak: int) -> None:
         self.progress.skipped += 1
@@ -315,7 +350,7 @@ class Trainer:
         o = self.options
         elapsed = self._elapsed()
         stop = o.time_budget is not None and elapsed >= o.time_budget * 60
-        save = (o.save_minutes is not None and _clock() - last_save >= o.save_minutes * 60
+        save = (self.save_minutes is not None and _clock() - last_save >= self.save_minutes * 60
                 and self.step > 0)
         parts = [0.0]
         if self.max_steps is not None:
@@ -325,7 +360,7 @@ class Trainer:
         if o.time_budget is not None:
             parts.append(elapsed / (o.time_budget * 60))
         progress = max(parts)
-        if self.env.distributed and (o.time_budget is not None or o.save_minutes is not None
+        if self.env.distributed and (o.time_budget is not None or self.save_minutes is not None
                                      or self.cfg.lr_cooldown > 0):
             mine = [float(stop), float(save), progress] if self.env.is_main else [0.0, 0.0, 0.0]
             flags = torch.tensor(mine, dtype=torch.float64, device=self.env.device)
