@@ -1,19 +1,24 @@
 #!/bin/bash
-# Training throughput on one GPU, side by side in one run: aiayn's training step (eager and
-# `--compile`) and the peer a user would pick instead on a GPU without installing anything,
-# torch.nn.Transformer, each in bf16 autocast, for the paper's base and big models at WMT's sizes:
-# a 37,000-id shared vocabulary and micro-batches of 12,500 tokens per side (the paper's
-# 25,000-token update is two of them; scripts/wmt14.sh runs it so), source lengths uniform in
-# 10..60 (random ids). Also the GPU's measured bf16 matmul peak. One JSON line per row in
-# $OUT/train_gpu.jsonl; MFU is against PEAK_TFLOPS (default: the H100 SXM's dense bf16 989.4).
+# Training throughput on one GPU, side by side in one run: aiayn's training step as `aiayn train`
+# runs it (eager, and `--compile`) against the peer a GPU user would pick without installing
+# anything, torch.nn.Transformer in its best configuration (PyTorch's own cross-entropy, fused
+# Adam, eager and torch.compile'd), each in bf16 autocast, for the paper's base and big models at
+# WMT's sizes: a 37,000-id shared vocabulary and the paper's 25,000-token updates (one pass each,
+# memory allowing), source lengths uniform in 10..60 (random ids). Also the GPU's measured bf16
+# matmul peak. One JSON line per row in $OUT/train_gpu.jsonl and a markdown table in
+# $OUT/train_gpu.md (benchmarks/gpu_table.py) naming the GPU, driver and torch; MFU is against the
+# measured peak and PEAK_TFLOPS (default: the H100 SXM's dense bf16 989.4).
 #
 #     OUT=runs/gpu bash benchmarks/train_gpu.sh          # python3 with torch+CUDA, from the repo root
 #     COMPILE=0 OUT=runs/gpu bash benchmarks/train_gpu.sh  # the eager rows only
-set -euo pipefail
+#     EAGER=0 COMPILE_CONFIGS=base ...                   # the compiled rows of base only
+#     ROW_SECONDS=120 ...                                # each row's time cap (default 150)
+set -uo pipefail
 OUT=${OUT:-runs/gpu}
 PEAK=${PEAK_TFLOPS:-989.4}
 PY=${PYTHON:-python3}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+CAP=${ROW_SECONDS:-150}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 AIAYN_ALLOCATOR=system
 mkdir -p "$OUT"
 J=$OUT/train_gpu.jsonl
 : > "$J"
@@ -33,17 +38,22 @@ print(json.dumps({"system": "matmul", "shape": [8192, 8192, 8192], "dtype": "bf1
                   "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}))
 EOF
 
-COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 12500 --lengths 10 60 --pairs 6000
-        --windows 3 --steps 5 --peak-tflops "$PEAK" --json)
-# eager rows first, the compiled ones (a minute or more of compiling each) after them;
-# COMPILE=0 leaves the compiled rows out
-RUNS=("torch" "aiayn")
-[ "${COMPILE:-1}" = 1 ] && RUNS+=("aiayn --compile --warmup 30")
+COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 25000 --lengths 10 60 --pairs 6000
+        --windows 3 --steps 4 --peak-tflops "$PEAK" --json)
+# eager rows first, the compiled ones (a minute or more of compiling each) after them, each row
+# capped at CAP seconds; EAGER=0 or COMPILE=0 leaves one kind out, COMPILE_CONFIGS which models
+# the compiled rows measure (default both)
+RUNS=()
+[ "${EAGER:-1}" = 1 ] && RUNS+=("torch" "aiayn")
+[ "${COMPILE:-1}" = 1 ] && RUNS+=("torch --compile --warmup 12" "aiayn --compile --warmup 12")
 for run in "${RUNS[@]}"; do
-  for config in base big; do
+  configs="base big"
+  [[ "$run" == *--compile* ]] && configs=${COMPILE_CONFIGS:-base big}
+  for config in $configs; do
     echo "== $config: $run" >&2
     # shellcheck disable=SC2086
-    AIAYN_ALLOCATOR=system $PY benchmarks/train_systems.py --system $run --config $config "${COMMON[@]}" \
-      | tee -a "$J"
+    timeout "$CAP" $PY benchmarks/train_systems.py --system $run --config $config "${COMMON[@]}" \
+      | tee -a "$J" || echo "{\"system\": \"${run%% *}\", \"config\": \"$config\", \"failed\": \"$run: exit $? (cap ${CAP}s)\"}" | tee -a "$J"
   done
 done
+$PY benchmarks/gpu_table.py "$J" "$PEAK" > "$OUT/train_gpu.md"; cat "$OUT/train_gpu.md"

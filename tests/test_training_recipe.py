@@ -148,6 +148,30 @@ def test_fused_loss_gradient_matches_autograd_of_the_definition(dtype, eps):
     assert torch.equal(logits, fast.detach())  # the backward works on copies, never in place
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_gpus_one_block_loss_equals_the_cpus_blocked_one(monkeypatch, eps):
+    """A GPU takes every row in one block (`loss.block_rows`); on a CPU the same computation in
+    one block gives the loss and gradients of 256-row blocks, to float32 rounding."""
+    assert loss_module.block_rows(torch.zeros(5, 3)) == loss_module._CHUNK_ROWS  # CPU: blocks
+    g = torch.Generator().manual_seed(2)
+    n, v = loss_module._CHUNK_ROWS * 3 + 11, 64
+    logits = torch.randn(n, v, generator=g) * 3
+    target = torch.randint(4, v, (n,), generator=g)
+    target[::5] = PAD_ID
+
+    def run(rows):
+        monkeypatch.setattr(loss_module, "block_rows", lambda _: rows)
+        x = logits.clone().requires_grad_()
+        out = label_smoothed_loss(x, target, eps)
+        (0.6 * out.smoothed + 0.3 * out.nll).backward()
+        return out, x.grad
+
+    (blocked, g_blocked), (whole, g_whole) = run(loss_module._CHUNK_ROWS), run(n)
+    assert whole.smoothed.item() == pytest.approx(blocked.smoothed.item(), rel=1e-6)
+    assert whole.nll.item() == pytest.approx(blocked.nll.item(), rel=1e-6)
+    assert torch.allclose(g_whole, g_blocked, atol=1e-7, rtol=1e-6)
+
+
 # --- the learning rate, Eq. 3 -------------------------------------------------------------------
 
 

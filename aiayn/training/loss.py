@@ -36,9 +36,16 @@ class LossSums(NamedTuple):
     n_tokens: Tensor  # scalar int64: non-padding target tokens
 
 
-# Rows of logits handled at a time: a (256, 8000) float32 block is 8 MB, so each block's passes
-# (max, exp, sum; then exp, subtract, scale) mostly hit cache instead of memory.
+# Rows of logits handled at a time on a CPU: a (256, 8000) float32 block is 8 MB, so each block's
+# passes (max, exp, sum; then exp, subtract, scale) mostly hit cache instead of memory. A GPU takes
+# every row in one block: there a loop of blocks is a row of small kernel launches (50 blocks, a
+# dozen kernels each, at 12,500 tokens), and memory bandwidth, not cache, is what bounds a pass.
 _CHUNK_ROWS = 256
+
+
+def block_rows(logits: Tensor) -> int:
+    """How many rows of `logits` each pass of the loss takes at once (`_CHUNK_ROWS` on a CPU)."""
+    return max(logits.size(0), 1) if logits.is_cuda else _CHUNK_ROWS
 
 
 def _token_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -50,8 +57,9 @@ def _token_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tenso
     nll = torch.empty(n, dtype=torch.float32, device=logits.device)
     uniform = torch.empty(n, dtype=torch.float32, device=logits.device)
     lse = torch.empty(n, 1, dtype=torch.float32, device=logits.device)
-    for a in range(0, n, _CHUNK_ROWS):
-        b = a + _CHUNK_ROWS
+    rows = block_rows(logits)
+    for a in range(0, n, rows):
+        b = a + rows
         z = logits[a:b].float()  # (rows, V); a copy for low-precision logits, a view for fp32
         lp = torch.log_softmax(z, dim=-1)  # (rows, V)
         y = target[a:b].unsqueeze(1)  # (rows, 1)
@@ -98,8 +106,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         never = list(NEVER_TARGET)
         on_all = gs * (eps / (v - len(never))) * keep_f  # (N, 1) subtracted at every target id
         grad = torch.empty_like(logits)
-        for a in range(0, logits.size(0), _CHUNK_ROWS):
-            b = a + _CHUNK_ROWS
+        rows = block_rows(logits)
+        for a in range(0, logits.size(0), rows):
+            b = a + rows
             # softmax(z) = exp(z - lse), in a new float32 block (never in place on the logits)
             g = logits[a:b].to(torch.float32, copy=True).sub_(lse[a:b]).exp_()  # (rows, V)
             g.mul_(on_softmax[a:b]).sub_(on_all[a:b])

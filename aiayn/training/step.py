@@ -85,11 +85,12 @@ class Updater:
         the gradients are not finite. Every rank must call this with the same number of
         micro-batches (>= 1) and the same `lr_factor`."""
         env, prec = self.env, self.precision
-        counts = [batch_tokens(b) for b in micro_batches]
-        totals = torch.tensor([sum(c[0] for c in counts), sum(c[1] for c in counts)],
-                              dtype=torch.float64, device=env.device)
-        all_reduce(totals, env)
-        n_src, n_tgt = int(totals[0].item()), int(totals[1].item())
+        counts = [batch_tokens(b) for b in micro_batches]  # host integers: no read from the device
+        n_src, n_tgt = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        if env.distributed:  # the whole update's counts, over every rank
+            totals = torch.tensor([n_src, n_tgt], dtype=torch.float64, device=env.device)
+            all_reduce(totals, env)
+            n_src, n_tgt = (int(x) for x in totals.tolist())
         scale = env.world_size / max(n_tgt, 1)
 
         self.model.train()
@@ -105,12 +106,12 @@ class Updater:
                 loss.backward()
             sums += torch.stack([out.smoothed.detach(), out.nll.detach()]).double()
         all_reduce(sums, env)
-        loss_tok, nll_tok = (sums / max(n_tgt, 1)).tolist()
-
         if prec.scaler is not None:
             prec.scaler.unscale_(self.optimizer)
         norm = grad_norm(self.params)
-        norm_f = float(norm)
+        # the update's one read from the device (each read waits for every kernel queued before it)
+        loss_tok, nll_tok, norm_f = torch.cat([sums / max(n_tgt, 1),
+                                               norm.detach().double().reshape(1).to(sums.device)]).tolist()
         lr = lr_at(self.cfg, step) * lr_factor
         reason = ""
         if not math.isfinite(loss_tok):

@@ -44,7 +44,11 @@ class BatchStream:
                 self._it = iter(s)
             idx = next(self._it, None)
             if idx is not None:
-                return self.collate(idx).to(self.device)
+                batch = self.collate(idx)
+                if self.device.type != "cuda":
+                    return batch.to(self.device)
+                # from page-locked memory the copy runs beside the GPU's work on the last batch
+                return batch.pin_memory().to(self.device, non_blocking=True)
             self._it = None  # the epoch is over: the next iter() starts the next one
 
     @property

@@ -170,10 +170,15 @@ class ChartBatch:
     n_src_tokens: int
     n_tgt_tokens: int
 
-    def to(self, device: torch.device | str) -> "ChartBatch":
-        chars = None if self.chars is None else (self.chars[0].to(device), self.chars[1].to(device))
-        return ChartBatch(self.ids.to(device), chars, self.targets.to(device), self.n_src_tokens,
-                          self.n_tgt_tokens)
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "ChartBatch":
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "ChartBatch":
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, f) -> "ChartBatch":
+        chars = None if self.chars is None else (f(self.chars[0]), f(self.chars[1]))
+        return ChartBatch(f(self.ids), chars, f(self.targets), self.n_src_tokens, self.n_tgt_tokens)
 
 
 def collate(sents: Sequence[Sentence], vocab: Vocabulary, max_chars: int) -> ChartBatch:
