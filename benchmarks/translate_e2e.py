@@ -14,6 +14,11 @@ of the child (ru_maxrss):
   sentencepiece: tokenize, `Translator.translate_batch` (beam 4 and max_batch_size 64 as
   `--ct2-batch` says, its own length normalisation: `length_penalty` 1, PAD and BOS suppressed as
   `aiayn export` documents), detokenize, write.
+- ONNX (`--onnx`): the model exported once (untimed) by `aiayn export --format onnx`, then a
+  Python script that tokenizes with sentencepiece and searches with `OnnxGreedy`
+  (aiayn/model/export_onnx.py; its module imports torch, counted) on onnxruntime: greedy only,
+  so use it with `--greedy`, which makes every row greedy (`aiayn translate --greedy`, CTranslate2
+  beam 1).
 Each row runs `--reps` times (the fastest time and the largest RSS are reported); the translations
 are scored with sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked
 here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
@@ -74,6 +79,23 @@ def ct2_child(model: str, src: str, out: str, compute_type: str, threads: int, b
     return 0
 
 
+def onnx_child(model: str, src: str, out: str, threads: int) -> int:
+    """The ONNX row's process: sentencepiece, then OnnxGreedy over the exported graphs."""
+    import sentencepiece as spm
+
+    from aiayn.model.export_onnx import OnnxGreedy
+
+    sp = spm.SentencePieceProcessor(model_file=str(Path(model) / "spm.model"))
+    lines = Path(src).read_text(encoding="utf-8").splitlines()
+    search = OnnxGreedy(model, threads=threads)
+    pieces = sp.encode(lines)
+    out_pieces: list[list[int]] = []
+    for start in range(0, len(pieces), 64):  # batches of 64 sentences, as CTranslate2's row
+        out_pieces += search.search(pieces[start:start + 64])
+    Path(out).write_text("".join(sp.decode(o) + "\n" for o in out_pieces), encoding="utf-8")
+    return 0
+
+
 def bleu(hyp: Path, refs: list[str]) -> float:
     from aiayn.evaluation.sacre import sacre_bleu
 
@@ -92,6 +114,10 @@ def main() -> int:
                    help="aiayn translate --precision values to run (default fp32 int8)")
     p.add_argument("--ct2", nargs="*", default=["int8", "float32"],
                    help="CTranslate2 compute types to run (default int8 float32)")
+    p.add_argument("--greedy", action="store_true",
+                   help="greedy search in every row (aiayn --greedy, CTranslate2 beam 1)")
+    p.add_argument("--onnx", action="store_true",
+                   help="add a row for the ONNX export with onnxruntime (greedy; needs --greedy)")
     p.add_argument("--ct2-batch", type=int, default=64, help="CTranslate2 max_batch_size")
     p.add_argument("--beam", type=int, default=4, help="CTranslate2's beam (aiayn: the config's)")
     p.add_argument("--reps", type=int, default=1, help="runs per row (fastest reported)")
@@ -99,7 +125,14 @@ def main() -> int:
     p.add_argument("--cpus", default="0,1")
     p.add_argument("--ct2-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--compute-type", help=argparse.SUPPRESS)
+    p.add_argument("--onnx-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.onnx_child:
+        return onnx_child(*a.onnx_child, a.threads)
+    if a.onnx and not a.greedy:
+        p.error("--onnx decodes greedily: add --greedy so every row searches alike")
+    if a.greedy:
+        a.beam = 1
     if a.ct2_child:
         return ct2_child(*a.ct2_child, a.compute_type, a.threads, a.beam, a.ct2_batch)
     if not (a.model and a.src and a.ref and a.out):
@@ -124,7 +157,8 @@ def main() -> int:
         hyp = a.out / f"aiayn-{prec}.hyp"
         run(f"aiayn translate --precision {prec}",
             [py, "-m", "aiayn", "translate", "--model", a.model, "--input", a.src, "--output",
-             str(hyp), "--overwrite", "--precision", prec], hyp)
+             str(hyp), "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else [])],
+            hyp)
     for ct in a.ct2:
         export = a.out / f"ct2-{ct}"
         if not export.exists():
@@ -136,6 +170,16 @@ def main() -> int:
         run(f"CTranslate2 {ct} (Python)",
             [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
              "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch)],
+            hyp)
+    if a.onnx:
+        export = a.out / "onnx"
+        if not export.exists():
+            subprocess.run([py, "-m", "aiayn", "export", "--format", "onnx", "--model", a.model,
+                            "--out", str(export)], check=True, cwd=REPO,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+        hyp = a.out / "onnx.hyp"
+        run("ONNX fp32, onnxruntime (Python)",
+            [py, __file__, "--onnx-child", str(export), a.src, str(hyp), "--threads", str(a.threads)],
             hyp)
 
     by = {r["system"]: r for r in rows}
@@ -158,7 +202,7 @@ def main() -> int:
     from aiayn.files import atomic_write
 
     with atomic_write(a.out / "results.json") as f:
-        json.dump({"rows": rows, "model": a.model, "src": a.src, "threads": a.threads,
+        json.dump({"rows": rows, "model": a.model, "search": "greedy" if a.greedy else f"beam {a.beam}", "src": a.src, "threads": a.threads,
                    "cpus": a.cpus, "command": shlex.join(["python", *sys.argv])}, f, indent=2)
     return 0
 

@@ -22,9 +22,12 @@ attention (its ring-buffer cache).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +114,24 @@ class _DecoderStep(nn.Module):
         return logp.masked_fill(never, float("-inf")), torch.stack(new_k), torch.stack(new_v)
 
 
+@contextlib.contextmanager
+def _quiet_exporter():
+    """torch.onnx.export's own chatter (a line per torchvision op it skips, warnings about axis
+    names and deprecated tree specs) says nothing about the user's model: keep it off the
+    terminal, errors excepted."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def export_graphs(model: nn.Module, out: Path, max_positions: int = DEFAULT_MAX_POSITIONS) -> None:
     """Write encoder.onnx and decoder.onnx of `model` (an aiayn `Transformer`, float32) into `out`."""
     require("onnxscript")  # what torch.onnx.export builds graphs with
@@ -121,7 +142,7 @@ def export_graphs(model: nn.Module, out: Path, max_positions: int = DEFAULT_MAX_
     src = torch.tensor([[4, 5, 6, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]])
     batch, src_len, past_len = (torch.export.Dim("batch"), torch.export.Dim("src_len"),
                                 torch.export.Dim("past_len"))
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         torch.onnx.export(_Encoder(model), (src,), str(out / ENCODER), input_names=["src"],
                           output_names=["cross_k", "cross_v"],
                           dynamic_shapes={"src": {0: batch, 1: src_len}}, verbose=False,

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The worked examples of docs/guides/reuse.md, on a Multi30k EN->DE model (what scripts/multi30k.sh
+# writes to OUT/model):
+#
+#   MODEL=runs/m30k/t60/model DATA=../shared/data/multi30k OUT=runs/reuse bash tools/reuse_example.sh
+#
+# 1. fine-tune: EN->FR data encoded with the EN->DE model's vocabulary (`prepare --vocab-from`),
+#    MINUTES of `train --init-from MODEL` against MINUTES from scratch (the model's own config, the
+#    same vocabulary, the same short schedule: only the first weights differ), each averaged over its last 3 checkpoints and scored on test_2016_flickr;
+# 2. score: every test reference against its own source, and against another sentence's source
+#    (the references shifted by one line): how often the model prefers the true pair;
+# 3. export: greedy decoding of the test set by aiayn, the ONNX export on onnxruntime and the
+#    CTranslate2 export, each a fresh process (benchmarks/translate_e2e.py --greedy --onnx).
+# Runs one job at a time (each uses both cores); a step whose output exists is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${MODEL:?MODEL=an EN->DE model directory}" "${DATA:?DATA=a Multi30k directory}" "${OUT:?OUT=a work directory}"
+MINUTES=${MINUTES:-6}
+A=.venv/bin/aiayn
+mkdir -p "$OUT"
+set -x
+$A prepare --src-lang en --tgt-lang fr --train "$DATA/train" --valid "$DATA/val" \
+    --test "$DATA/test_2016_flickr" --vocab-from "$MODEL" --out "$OUT/fr-data"
+for how in init scratch; do
+  run=$OUT/fr-$how
+  if [ ! -e "$run/model" ]; then
+    if [ "$how" = init ]; then start=(--init-from "$MODEL"); else start=(--config "$MODEL/config.json"); fi
+    $A train --data "$OUT/fr-data" --out "$run/run" "${start[@]}" --set warmup_steps=200 lr_scale=0.5 \
+        --time-budget "$MINUTES" --save-minutes 1 --eval-every 0 --no-progress
+    $A average --run "$run/run" --last 3 --out "$run/model"
+  fi
+  $A translate --model "$run/model" --input "$OUT/fr-data/test.src.txt" --output "$run/test.hyp" --overwrite
+  $A evaluate --hyp "$run/test.hyp" --ref "$OUT/fr-data/test.tgt.txt" --lang fr --json > "$run/test.scores.json"
+done
+src=$OUT/fr-data/test.src.txt  # the English side of test_2016_flickr
+gunzip -c "$DATA/test_2016_flickr.de.gz" > "$OUT/test.de"
+{ tail -n +2 "$OUT/test.de"; head -n 1 "$OUT/test.de"; } > "$OUT/test.shifted.de"
+$A score --model "$MODEL" --src "$src" --ref "$OUT/test.de" --format tsv --output "$OUT/true.tsv" --overwrite
+$A score --model "$MODEL" --src "$src" --ref "$OUT/test.shifted.de" --format tsv --output "$OUT/shifted.tsv" --overwrite
+.venv/bin/python benchmarks/translate_e2e.py --model "$MODEL" --src "$src" --ref "$OUT/test.de" \
+    --out "$OUT/greedy" --greedy --onnx --precisions fp32 --ct2 int8 float32 --reps 2
+set +x
+for how in init scratch; do
+  .venv/bin/python - "$how" "$OUT/fr-$how" <<'PY'
+import json, sys
+how, run = sys.argv[1], sys.argv[2]
+s = json.load(open(f"{run}/test.scores.json"))
+rows = [json.loads(x) for x in open(f"{run}/run/metrics.jsonl")]
+train = [r for r in rows if r.get("kind") == "train"]
+dev = [r for r in rows if r.get("kind") == "dev"]
+print(f"fine-tune {how}: {train[-1]['step']} updates, test sacreBLEU {s['sacrebleu']['score']:.2f}, "
+      f"chrF {s['chrf']['score']:.2f}" + (f", last dev ppl {dev[-1].get('dev_ppl', float('nan')):.2f}" if dev else ""))
+PY
+done
+paste "$OUT/true.tsv" "$OUT/shifted.tsv" | awk -F'\t' '{n++; t+=$1; tk+=$2; s+=$4; sk+=$5; if ($3 > $6) w++}
+  END {printf "score: true pairs %.3f nats/token, shifted %.3f; the true reference scores higher per token in %d of %d (%.1f%%)\n", t/tk, s/sk, w, n, 100*w/n}'
