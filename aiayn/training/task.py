@@ -5,8 +5,8 @@ The trainer (aiayn/training/trainer.py) owns the run: its lock, checkpoints and 
 optimizer and Eq. 3, precision, data parallelism, accumulation, skipped updates, time budgets,
 logs and the summary. A task owns the rest, behind the methods below. Two tasks exist:
 `Seq2SeqTask` (aiayn/training/seq2seq.py), the paper's sequence-to-sequence Transformer on a
-dataset made by `aiayn prepare`, and the chart parser's (aiayn/parsing/chart/task.py) on a corpus
-made by `aiayn treebank`. aiayn/tasks.py picks one for a data or model directory.
+dataset made by `aiayn prepare`, and the chart parser's (`ChartTask`, in the parsing package) on
+a corpus made by `aiayn treebank`. aiayn/tasks.py picks one for a data or model directory.
 
 A task's config is a frozen dataclass built on `aiayn.config.ConfigFields` that has the recipe
 fields the trainer reads by their `Config` names: max_steps, warmup_steps, lr_scale, d_model
