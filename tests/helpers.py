@@ -24,6 +24,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -488,3 +489,11 @@ def serve_in_thread(app) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for torchrun's MASTER_PORT): never a
+    fixed one, since the suite runs on several workers at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

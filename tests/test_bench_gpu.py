@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 
-from helpers import REPO, pair
+from helpers import REPO, free_port, pair
 
 
 def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
@@ -23,7 +23,7 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "DATA": str(data), "OUT": str(out), "DEVICE": "cpu", "PRECISION": "fp32",
            "MINUTES": "0.25", "SAVE_MINUTES": "0.02", "VOCAB": "300", "PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1",
+           "OMP_NUM_THREADS": "1", "PET_MASTER_PORT": str(free_port()),  # torchrun's --master-port
            "SET": "d_model=32 d_ff=64 n_layers=1 n_heads=4 max_tokens=400 max_len_b=10"}
     r = subprocess.run(["bash", "benchmarks/gpu_e2e.sh"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=600)

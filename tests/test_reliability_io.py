@@ -9,7 +9,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from aiayn.presets import load_config
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.trainer import TrainOptions, train
 
-from helpers import REPO, SMALL, dead_pid, tiny_dataset
+from helpers import REPO, SMALL, dead_pid, free_port, tiny_dataset
 
 HOLD = """
 import sys, time
@@ -130,12 +129,6 @@ def test_every_command_refuses_an_output_in_use(tmp_path, data, model_dir, capsy
         for h in holders:
             h.kill()
             h.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_under_torchrun_every_rank_stops_with_rank_0s_message(tmp_path, data):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -18,15 +17,9 @@ from aiayn.data.batching import TokenBatchSampler
 from aiayn.data.dataset import ParallelDataset
 from aiayn.training.checkpoint import TRAINER_STATE, list_checkpoints
 
-from helpers import REPO, SMALL, tiny_dataset
+from helpers import REPO, SMALL, free_port, tiny_dataset
 
 BATCH_TOKENS = 120  # 46 batches an epoch: 23 a rank, so update 12 straddles two epochs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_both(tmp_path, precision: str):
