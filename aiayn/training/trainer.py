@@ -141,14 +141,16 @@ class Trainer:
         """The run's config: the caller's (what the data decides filled in, --max-steps applied),
         reconciled with the checkpoint's on resume."""
         max_steps = self.options.max_steps
-        if cfg is None and self.init_from is not None and self.resume_from is None:
-            cfg = self.task.read_config(self.init_from)  # the model's own recipe, by default
+        start = (self.task.read_config(self.init_from)  # --init-from's model, read once
+                 if self.init_from is not None and self.resume_from is None else None)
+        if cfg is None and start is not None:
+            cfg = start  # the model's own recipe, by default
         wanted = self.task.config(cfg) if cfg is not None else None
         if self.resume_from is None:
             if wanted is None:
                 raise UserError(f"{self.run_dir} has no checkpoint to resume; give a --preset or --config")
-            if self.init_from is not None:
-                changes = self.task.read_config(self.init_from).architecture_changes(wanted)
+            if start is not None:
+                changes = start.architecture_changes(wanted)
                 if changes:
                     raise UserError(f"--init-from {self.init_from}: the run's architecture differs "
                                     f"from the model's ({changes[0]}); leave the preset out to "
