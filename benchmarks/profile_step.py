@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/profile_step.py --config base          # torch.profiler table of a step
     .venv/bin/python benchmarks/profile_step.py --config base --parts  # Adam and loss alone
+    python3 benchmarks/profile_step.py --config base --device cuda --vocab 37000 --max-tokens 25000
+
+On a GPU the table is sorted by kernel time, and a line says how busy the GPU is (its kernels'
+time per step over an unprofiled step's time): well under 100% means the host (Python, kernel
+launches, reads back to the host) is what the step waits on, not the GPU.
 
 The step is the peer harness's (benchmarks/train_systems.py, `--system aiayn`), bf16 autocast, on
 the workload's batches, after one untimed pass over them (steady state). `--parts` times torch's
@@ -15,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,7 +31,10 @@ import train_systems  # noqa: E402
 
 import workload  # noqa: E402
 
-del sys.argv[1:3]
+# the harness restarts the process with the allocator it needs, argv and all: drop every copy
+while "--system" in sys.argv:
+    i = sys.argv.index("--system")
+    del sys.argv[i:i + 2]
 
 
 def median_ms(f, n: int = 8) -> float:
@@ -61,34 +70,55 @@ def parts(cfg) -> None:
     print(f"label-smoothed loss, forward + backward, (4000, {cfg.vocab_size}) bf16: {median_ms(loss_step):.1f} ms")
 
 
-def profile(cfg) -> None:
+def profile(cfg, device: str, max_tokens: int, lengths: tuple[int, int]) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    batches = workload.training_batches()[:8]
+    train_systems.DEVICE = torch.device(device)
+    batches = [b.to(train_systems.DEVICE) for b in workload.training_batches(
+        max_tokens=max_tokens, lo=lengths[0], hi=lengths[1], vocab=cfg.vocab_size)[:8]]
     system = train_systems.build_aiayn(cfg, "bf16")
     for b in batches:  # every shape once: oneDNN's kernels exist, as after the first epoch
         system.step(b)
     t = time.perf_counter()
     for b in batches:
-        system.step(b)
+        system.step(b)  # returns the loss read from the device: each step ends synchronized
     dt = time.perf_counter() - t
     print(f"{sum(b.n_tgt_tokens for b in batches) / dt:.0f} target tok/s, {dt / len(batches) * 1000:.0f} ms per step")
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+    gpu = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with torch_profile(activities=activities) as prof:
         for b in batches[:4]:
             system.step(b)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=40))
+    stats = prof.key_averages()
+    if gpu:  # the kernels' own rows (operators' rows repeat their kernels' time)
+        from torch.autograd import DeviceType
+
+        kernels = sum(e.self_device_time_total for e in stats if e.device_type == DeviceType.CUDA)
+        per_step, unprofiled = kernels / 1e3 / 4, dt / len(batches) * 1000
+        print(f"GPU kernels {per_step:.1f} ms per step against {unprofiled:.1f} ms per step "
+              f"unprofiled: the GPU is busy about {min(per_step / unprofiled, 1):.0%} of a step")
+    key = "self_device_time_total" if gpu else "self_cpu_time_total"
+    print(stats.table(sort_by=key, row_limit=25, max_name_column_width=40))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="base", choices=workload.CONFIGS)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parts", action="store_true", help="time Adam and the loss alone")
+    p.add_argument("--parts", action="store_true", help="time Adam and the loss alone (CPU)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--vocab", type=int, default=workload.VOCAB, help="shared vocabulary (default 8000)")
+    p.add_argument("--max-tokens", type=int, default=workload.MAX_TOKENS,
+                   help="tokens per side and batch, padding counted (default 4000)")
+    p.add_argument("--lengths", type=int, nargs=2, default=(10, 40), metavar=("LO", "HI"),
+                   help="source lengths uniform in [LO, HI] (default 10 40)")
     a = p.parse_args()
+    if a.parts and a.device != "cpu":
+        p.error("--parts times the CPU's Adam and loss; leave out --device")
     torch.set_num_threads(a.threads)
-    cfg = workload.model_config(a.config)
-    parts(cfg) if a.parts else profile(cfg)
+    cfg = replace(workload.model_config(a.config), vocab_size=a.vocab)
+    parts(cfg) if a.parts else profile(cfg, a.device, a.max_tokens, tuple(a.lengths))
     return 0
 
 

@@ -22,7 +22,8 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
         (data / f"{name}.de").write_text("".join(p[1] + "\n" for p in pairs))
     out = tmp_path / "out"
     env = {**os.environ, "DATA": str(data), "OUT": str(out), "DEVICE": "cpu", "PRECISION": "fp32",
-           "MINUTES": "0.25", "SAVE_MINUTES": "0.02", "VOCAB": "300", "PYTHON": sys.executable,
+           "MINUTES": "0.25", "SAVE_MINUTES": "0.02", "KILL_AFTER": "2", "VOCAB": "300",
+           "PYTHON": sys.executable,
            "OMP_NUM_THREADS": "1", "PET_MASTER_PORT": str(free_port()),  # torchrun's --master-port
            "SET": "d_model=32 d_ff=64 n_layers=1 n_heads=4 max_tokens=400 max_len_b=10"}
     r = subprocess.run(["bash", "benchmarks/gpu_e2e.sh"], cwd=REPO, env=env, capture_output=True,
@@ -30,6 +31,12 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     report = (out / "e2e.txt").read_text()
     assert "killed the first session after: step_" in report and "resuming" in report
+    # the kill reached the trainer (torchrun starts it in a session of its own): the first session
+    # never finished, and the second continued from its last checkpoint to the end of the budget
+    assert "done:" not in (out / "train1.log").read_text()
+    resumed_at = int(report.split("resuming ")[1].split(" at step ")[1].split()[0])
+    done_at = int(report.split("done: ")[1].split()[0])
+    assert 0 < resumed_at < done_at, report
     assert "averaged" in report and "BLEU" in report
     summary = json.loads((out / "summary.json").read_text())
     assert summary["skipped_updates"] == 0 and summary["stopped_by"] == "time_budget"

@@ -318,6 +318,32 @@ def test_a_limit_before_the_end_of_warmup_is_said_in_one_line(data, tmp_path, ca
     assert "warmup_steps" not in capsys.readouterr().err
 
 
+def test_the_warmup_warning_times_the_updates_after_the_first(data, tmp_path, monkeypatch, capsys):
+    """The first updates of a session are slow (kernel selection, compiling): the budget's pace
+    is taken from the later ones. Here the first 10 take 5 s each and the rest 0.1 s, so a
+    1-minute budget holds about 110 updates, not the 20-odd the first ones' pace predicts."""
+    from aiayn.training import trainer as trainer_module
+
+    now = [0.0]
+    monkeypatch.setattr(trainer_module, "_clock", lambda: now[0])
+    real = step_module.Updater.update
+
+    def slow_start(self, micro, step, *args):
+        now[0] += 5.0 if step <= 10 else 0.1
+        return real(self, micro, step, *args)
+
+    monkeypatch.setattr(step_module.Updater, "update", slow_start)
+    s = train(small_cfg("warmup_steps=100"), data, tmp_path / "a", quiet(time_budget=1.0, eval_every=0))
+    assert s["stopped_by"] == "time_budget" and 105 <= s["steps"] <= 111
+    assert "warmup_steps" not in capsys.readouterr().err
+    train(small_cfg("warmup_steps=200"), data, tmp_path / "b", quiet(time_budget=1.0, eval_every=0))
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "fewer than warmup_steps=200" in x)
+    assert "1-minute budget (at 0.1 s an update) holds about 1" in line, line
+    updates = int(line.split("holds about ")[1].split()[0])
+    assert 100 <= updates <= 112, line
+
+
 def test_cooldown_over_steps_follows_the_schedule_and_resumes_exactly(data, tmp_path, monkeypatch):
     from aiayn.training.schedule import cooldown_factor, lr_at
 

@@ -54,6 +54,8 @@ from aiayn.training.task import Task
 # The clock of time budgets and checkpoint intervals (tests replace it with a fake one, so that a
 # budget of minutes gives the same run on a loaded machine as on an idle one).
 _clock = time.monotonic
+# A session's first updates, left out when it times its pace for the warm-up warning
+_WARM_UPDATES = 10
 
 
 class TrainingDiverged(UserError):
@@ -127,6 +129,7 @@ class Trainer:
                 and budget / self.save_minutes < n + 1):
             self.save_minutes = budget / (n + 1)
         self.warmup_checked = False  # `_check_warmup`, once a run's first updates are timed
+        self._timed_from = (0, 0.0)  # (step, train_seconds) after the session's first updates
 
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -255,6 +258,7 @@ class Trainer:
         last_save_time = self.t_start
         window = LogWindow()
         streak = 0  # consecutive skipped updates
+        session_updates = 0  # this session's applied updates
         stopped_by = "max_steps"
         total = self.max_steps if self.max_steps is not None else (
             o.max_epochs * math.ceil(len(self.sampler) / self.accum) if o.max_epochs else None)
@@ -290,6 +294,9 @@ class Trainer:
                     continue
                 streak = 0
                 self.step += 1
+                session_updates += 1
+                if session_updates == _WARM_UPDATES:
+                    self._timed_from = (self.step, self.progress.train_seconds)
                 window.results.append(r)
                 if self.bar_in_seconds:
                     bar.moveto(min(int(self._elapsed()), bar.total))
@@ -298,7 +305,7 @@ class Trainer:
                 if self.step % o.log_every == 0 or self.step == 1:
                     self._log_train(window, stream.epochs_done, bar)
                     window = LogWindow()
-                if not self.warmup_checked and self.step >= 20:
+                if not self.warmup_checked and session_updates >= 2 * _WARM_UPDATES:
                     self._check_warmup()
                 done = self.max_steps is not None and self.step >= self.max_steps
                 if o.eval_every and self.step % o.eval_every == 0 and not done:
@@ -317,7 +324,10 @@ class Trainer:
         o, warmup = self.options, self.cfg.warmup_steps
         if self.step >= warmup:
             return
-        per_update = self.progress.train_seconds / max(self.step, 1)
+        # the pace of the updates after the session's first (those pay kernel selection, the
+        # allocator's growth, compiling: on one GPU the first took 6x the later ones' time)
+        step0, seconds0 = self._timed_from
+        per_update = (self.progress.train_seconds - seconds0) / max(self.step - step0, 1)
         limits = []
         if self.max_steps is not None:
             limits.append((self.max_steps, f"--max-steps {self.max_steps}"))
