@@ -196,3 +196,59 @@ def test_pairs_stream_in_chunks(tmp_path, size):
     short = ParallelSource(pair.src, write(tmp_path / "b.de", "\n".join(tgt[:4]) + "\n"))
     with pytest.raises(UserError, match=r"a\.en has 11 lines, .*b\.de has 4"):
         list(short.iter_chunks(size))
+
+
+def test_ready_groups_end_when_no_more_input_is_ready():
+    """From a pipe: full groups while lines are waiting, a short group when the writer pauses,
+    a last line without a newline at the end; the same lines `read_lines` would give."""
+    import os
+    import threading
+
+    from aiayn.data.corpus import iter_ready_groups
+
+    r, w = os.pipe()
+    os.write(w, "\ufeffone\ntwo\r\nthree\n".encode())
+    groups = iter_ready_groups(r, "<pipe>", most=2, wait=0.05)
+    assert next(groups) == ["one", "two"]
+    assert next(groups) == ["three"]  # nothing more is ready: the group ends short
+    sent = threading.Event()
+
+    def write_rest():
+        os.write(w, "vier\nfü".encode())
+        os.write(w, "nf".encode())
+        os.close(w)
+        sent.set()
+
+    threading.Thread(target=write_rest).start()
+    rest = [line for group in groups for line in group]
+    assert sent.is_set() and rest == ["vier", "fünf"]
+    os.close(r)
+
+
+def test_ready_groups_name_the_line_of_bad_bytes():
+    import os
+
+    from aiayn.data.corpus import iter_ready_groups
+
+    r, w = os.pipe()
+    os.write(w, b"fine\nalso fine\nbroken \xff\n")
+    os.close(w)
+    with pytest.raises(UserError, match=r"<stdin>:3: invalid UTF-8"):
+        list(iter_ready_groups(r, "<stdin>", most=10))
+    os.close(r)
+
+
+def test_input_groups_of_a_file_are_its_lines(tmp_path):
+    import gzip
+
+    from aiayn.commands.common import input_groups
+    from aiayn.data.corpus import read_lines
+
+    path = tmp_path / "big.txt.gz"
+    lines = [f"line {i} " + "x" * (i % 7) for i in range(1000)]
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    groups = list(input_groups(str(path), 64))
+    assert [len(g) for g in groups] == [64] * 15 + [40]
+    assert [x for g in groups for x in g] == lines == read_lines(path)
+    with pytest.raises(UserError, match="missing.txt"):
+        input_groups(str(tmp_path / "missing.txt"), 64)

@@ -152,3 +152,60 @@ def test_cli_user_errors(model_dir, tmp_path):
     assert r.returncode == 2 and b"missing.txt" in r.stderr and b"Traceback" not in r.stderr
     r = _cli("--model", model_dir, "--beam", 2, "--nbest", 3, stdin=b"x\n")
     assert r.returncode == 2 and b"beam size" in r.stderr
+
+
+def _read_line(f, timeout: float) -> bytes:
+    """One line from the pipe `f` within `timeout` seconds (b"" on timeout)."""
+    import select
+
+    buf = b""
+    while not buf.endswith(b"\n"):
+        if not select.select([f], [], [], timeout)[0]:
+            return b""
+        chunk = os.read(f.fileno(), 1)
+        if not chunk:
+            return buf
+        buf += chunk
+    return buf
+
+
+def test_cli_from_a_pipe_answers_each_line_before_the_next_is_sent(model_dir, loaded):
+    """A program that writes a line and waits for its translation gets it: the command reads and
+    writes as it goes, flushing each answer, and never waits for the end of its input."""
+    lines = ["the cat sat on the mat", "", "a dog runs", "ein hund läuft im park"]
+    expected = Translator(loaded).translate(lines)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--precision", "fp32",
+                          "--model", str(model_dir)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
+    try:
+        for line, want in zip(lines, expected):
+            p.stdin.write(line.encode() + b"\n")
+            p.stdin.flush()
+            got = _read_line(p.stdout, timeout=90)
+            assert got == want.encode() + b"\n", (line, got, p.poll())
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0 and p.stdout.read() == b""
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_cli_streams_a_file_in_groups_with_the_same_result(model_dir, loaded, tmp_path, monkeypatch,
+                                                           capsys):
+    """Groups smaller than the file (translated and written one after another, line numbers in
+    warnings counted across them) give the same output as one whole-file translation."""
+    from aiayn.cli import main as cli_main
+    from aiayn.commands import translate as translate_command
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    monkeypatch.setattr(translate_command, "STREAM_LINES", 3)
+    out = tmp_path / "out.txt"
+    assert cli_main(["translate", "--precision", "fp32", "--model", str(model_dir), "--input",
+                     str(src), "--output", str(out), "--max-src-tokens", "64"]) == 0
+    warnings: list[str] = []
+    expected = Translator(loaded, max_src_tokens=64, warn=warnings.append).translate(LINES)
+    assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
+    assert warnings and warnings[0].startswith("line 4:")
+    assert "warning: line 4:" in capsys.readouterr().err  # the second group's first line

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
 
 from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES
 from aiayn.errors import UserError
@@ -182,6 +183,32 @@ def check_train_precision(args: argparse.Namespace, command: str) -> str:
 
 
 # --- input ------------------------------------------------------------------------------------
+
+def input_groups(path: str | None, most: int) -> Iterator[list[str]]:
+    """The lines of `path` (which may be gzipped), or of stdin for None or '-', as they come, in
+    groups of at most `most` lines; from stdin a group ends early when no more input is ready (a
+    pipe fed a line at a time gets each line's answer before the next line). A missing file is
+    refused here, before any slow work; bad bytes when the reading reaches them."""
+    from aiayn.checks import reading
+    from aiayn.data.corpus import iter_line_blocks, iter_ready_groups
+
+    if path is None or path == "-":
+        return iter_ready_groups(sys.stdin.fileno(), "<stdin>", most)
+    with reading(Path(path), "a text file"):
+        open(path, "rb").close()
+
+    def regrouped() -> Iterator[list[str]]:
+        group: list[str] = []
+        for block in iter_line_blocks(path):
+            group += block
+            while len(group) >= most:
+                yield group[:most]
+                group = group[most:]
+        if group:
+            yield group
+
+    return regrouped()
+
 
 def read_input(path: str | None) -> list[str]:
     """The lines of `path` (which may be gzipped), or of stdin for None or '-'."""

@@ -6,7 +6,11 @@
 
 Reads UTF-8 lines (a file, which may be gzipped, or stdin) and writes exactly one line of
 detokenized text per input line, in input order (a blank input line, empty or whitespace only,
-gives an empty output line). `--output` is written atomically, never replaces an existing file
+gives an empty output line). Input is read and output written as it goes, in groups of up to
+`STREAM_LINES` lines (sorted by length for batching within a group), so a file of any length
+translates in the same memory; from a pipe a group ends when no more input is ready, and each
+group's translations are written and flushed at once: a program that sends a line and waits
+gets its translation. `--output` is written atomically, never replaces an existing file
 without `--overwrite`, and is locked while it is written (a second translate into it is refused).
 With `--nbest N` each input line gives up to N lines, best first:
 
@@ -37,14 +41,18 @@ from aiayn.commands.common import (
     add_search_arguments,
     check_precision,
     decode_precision,
+    input_groups,
     one_based,
-    read_input,
     search_options,
     set_examples,
     torch_device,
 )
 from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
+
+# Lines translated together (batched by length within the group) when input is plentiful: large
+# enough that batches are as full as a whole file's, small enough to keep memory flat.
+STREAM_LINES = 2000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,7 +167,7 @@ def _translate(args: argparse.Namespace) -> int:
         check_writable(args.output, args.overwrite)
     device = torch_device(args.device)
     precision = decode_precision(args, device, "translate")
-    lines = None if interactive else read_input(args.input)
+    groups = None if interactive else input_groups(args.input, STREAM_LINES)
 
     loaded = load_models(args.model, device)
     try:
@@ -172,9 +180,23 @@ def _translate(args: argparse.Namespace) -> int:
         return _interactive(translator, args.nbest, align)
     progress = args.progress or sys.stderr.isatty()
     if args.output is None:
-        _write_results(sys.stdout, translator, lines, args.nbest, progress, align=align)
-        sys.stdout.flush()
+        _stream(sys.stdout, translator, groups, args.nbest, progress, align)
     else:
         with atomic_write(args.output, "w") as f:
-            _write_results(f, translator, lines, args.nbest, progress, align=align)
+            _stream(f, translator, groups, args.nbest, progress, align)
     return 0
+
+
+def _stream(out, translator, groups, nbest: int | None, progress: bool,
+            align: tuple[str, dict] | None) -> None:
+    """Translate each group of input lines and write its results before reading on (flushed:
+    a reader at the other end of a pipe sees them at once)."""
+    from aiayn.progress import Progress
+
+    first = 1
+    with Progress(None, desc="translating", unit="sent", enabled=progress) as bar:
+        for lines in groups:
+            _write_results(out, translator, lines, nbest, False, first_line=first, align=align)
+            out.flush()
+            first += len(lines)
+            bar.update(len(lines))

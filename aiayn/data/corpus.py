@@ -138,6 +138,48 @@ def iter_line_blocks(path: str | Path, block_bytes: int = READ_BLOCK) -> Iterato
                 yield lines
 
 
+def iter_ready_groups(fd: int, name: str, most: int, wait: float = 0.01) -> Iterator[list[str]]:
+    """The lines of the byte stream on file descriptor `fd` (a pipe, a terminal, a redirected
+    file), in groups of at most `most`, a group ending early when no more input arrives within
+    `wait` seconds: a program that writes a line and waits for its answer gets it, while a file or
+    a busy pipe still gives full groups (which batch well). The same lines and errors as
+    `read_lines` (strict UTF-8, named by `name` and line; a leading byte order mark dropped).
+
+    Reads the descriptor itself (`os.read`, `select`): a buffered reader would hold lines that
+    `select` cannot see, and wait for them."""
+    import os
+    import select
+
+    carry, pending, line_no, first, eof = b"", [], 1, True, False
+    while True:
+        while len(pending) >= most:
+            yield pending[:most]
+            pending = pending[most:]
+        if eof:
+            if pending:
+                yield pending
+            return
+        if pending and not select.select([fd], [], [], wait)[0]:
+            yield pending
+            pending = []
+            continue
+        block = os.read(fd, 1 << 16)
+        if not block:  # the end: a last line without a final newline
+            eof, cut = True, len(carry)
+            data = carry
+        else:
+            refuse_binary(block, name)
+            data = carry + block
+            # cut after the last newline: a multi-byte UTF-8 character never contains byte 0x0a
+            cut = data.rfind(b"\n") + 1
+        carry = data[cut:]
+        if cut:
+            lines = split_lines(decode_utf8(data[:cut], name, line_no, first, check_binary=False))
+            first = False
+            line_no += len(lines)
+            pending += lines
+
+
 def read_lines(path: str | Path) -> list[str]:
     """One string per line of a plain (or gzipped) UTF-8 text file."""
     return [line for block in iter_line_blocks(path) for line in block]

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+# Positions the self-attention buffers grow by when full (a copy of the filled positions each
+# time, against the whole cache that every decoding step reads: small beside it)
+GROW = 16
+
 
 def source_rows(index: Tensor, cross_index: Tensor | None | bool) -> Tensor | None:
     """In a reorder, the rows the source side (cross-attention keys, source mask) takes:
@@ -39,8 +43,10 @@ class KVCache:
       length: int                        target positions decoded so far (the next position)
       window: int | None                 restricted attention: slots kept (r + 1); None: all
 
-    `capacity` grows by doubling when full, so callers need not know the output length; with a
-    window it stops at `window`, and then new positions overwrite the oldest.
+    `capacity` grows when full, to the next multiple of `GROW` positions, so callers need not know
+    the output length and the buffers stay close to the positions decoded (doubling left up to
+    half of them empty: with beam search the cache is most of decoding's memory); with a window
+    it stops at `window`, and then new positions overwrite the oldest.
     """
 
     self_k: Tensor
@@ -84,7 +90,7 @@ class KVCache:
             needed = min(needed, self.window)
         if needed <= self.capacity:
             return
-        new_cap = max(needed, 2 * self.capacity)
+        new_cap = -(-needed // GROW) * GROW
         if self.window is not None:
             new_cap = min(new_cap, self.window)
         filled = self.filled

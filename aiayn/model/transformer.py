@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.config import Config
 from aiayn.model.banded import Band
-from aiayn.model.cache import KVCache
+from aiayn.model.cache import GROW, KVCache
 from aiayn.model.dropout import dropout, word_dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import DecoderLayer, EncoderLayer
@@ -143,7 +143,7 @@ class Transformer(nn.Module):
         return logits, {"encoder": w_enc, **w_dec}
 
     # --- incremental decoding ----------------------------------------------------------------
-    def new_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64) -> KVCache:
+    def new_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = GROW) -> KVCache:
         """Start decoding a batch: computes every layer's cross-attention keys/values once.
         memory: (B, S, d_model), src_mask: (B, S) bool. With restricted attention the cache keeps
         only the last attn_window + 1 positions (all a query's window holds)."""
