@@ -211,17 +211,17 @@ def test_ready_groups_end_when_no_more_input_is_ready():
     groups = iter_ready_groups(r, "<pipe>", most=2, wait=0.05)
     assert next(groups) == ["one", "two"]
     assert next(groups) == ["three"]  # nothing more is ready: the group ends short
-    sent = threading.Event()
 
     def write_rest():
         os.write(w, "vier\nfü".encode())
-        os.write(w, "nf".encode())
+        os.write(w, "nf".encode())  # a character split between two writes
         os.close(w)
-        sent.set()
 
-    threading.Thread(target=write_rest).start()
+    writer = threading.Thread(target=write_rest)
+    writer.start()
     rest = [line for group in groups for line in group]
-    assert sent.is_set() and rest == ["vier", "fünf"]
+    writer.join()
+    assert rest == ["vier", "fünf"]
     os.close(r)
 
 

@@ -113,29 +113,44 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
+class _LineCutter:
+    """Whole lines out of bytes that come in blocks: `feed` each block (b"" at the end) and get
+    the lines it completes, decoded as `read_lines` decodes them (strict UTF-8; errors name `name`
+    and the line; a byte order mark dropped at the very start)."""
+
+    def __init__(self, name: str | Path):
+        self.name, self.carry, self.line_no, self.first = name, b"", 1, True
+
+    def feed(self, block: bytes) -> list[str]:
+        data = self.carry + block
+        # cut after the last newline (a multi-byte UTF-8 character never contains byte 0x0a), or
+        # at the end, where a last line may lack its newline
+        cut = data.rfind(b"\n") + 1 if block else len(data)
+        self.carry = data[cut:]
+        if not cut:
+            return []
+        lines = split_lines(decode_utf8(data[:cut], self.name, self.line_no, self.first,
+                                        check_binary=False))
+        self.first = False
+        self.line_no += len(lines)
+        return lines
+
+
 def iter_line_blocks(path: str | Path, block_bytes: int = READ_BLOCK) -> Iterator[list[str]]:
     """The lines of a plain or gzipped UTF-8 file, streamed in blocks of whole lines (about
     `block_bytes` each): the same lines as `read_lines`, with the same errors, in bounded memory."""
     with _open_binary(path) as f:
-        carry, line_no, first, start = b"", 1, True, 0
+        cutter, start = _LineCutter(path), 0
         while True:
             block = _read_or_fail(f, block_bytes, path)
-            if not block:  # the end: a last line without a final newline
-                if carry:
-                    yield split_lines(decode_utf8(carry, path, line_no, first, check_binary=False))
-                return
-            # each block read is checked whole (a whole small file: the same as `decode_utf8`)
-            refuse_binary(block, path, None if start == 0 and len(block) < block_bytes else start)
-            start += len(block)
-            data = carry + block
-            # cut after the last newline: a multi-byte UTF-8 character never contains byte 0x0a
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                lines = split_lines(decode_utf8(data[:cut], path, line_no, first, check_binary=False))
-                first = False
-                line_no += len(lines)
+            if block:  # each block read is checked whole (a small file: as `decode_utf8` does)
+                refuse_binary(block, path, None if start == 0 and len(block) < block_bytes else start)
+                start += len(block)
+            lines = cutter.feed(block)
+            if lines:
                 yield lines
+            if not block:
+                return
 
 
 def iter_ready_groups(fd: int, name: str, most: int, wait: float = 0.01) -> Iterator[list[str]]:
@@ -150,7 +165,7 @@ def iter_ready_groups(fd: int, name: str, most: int, wait: float = 0.01) -> Iter
     import os
     import select
 
-    carry, pending, line_no, first, eof = b"", [], 1, True, False
+    cutter, pending, eof = _LineCutter(name), [], False
     while True:
         while len(pending) >= most:
             yield pending[:most]
@@ -164,20 +179,10 @@ def iter_ready_groups(fd: int, name: str, most: int, wait: float = 0.01) -> Iter
             pending = []
             continue
         block = os.read(fd, 1 << 16)
-        if not block:  # the end: a last line without a final newline
-            eof, cut = True, len(carry)
-            data = carry
-        else:
+        if block:
             refuse_binary(block, name)
-            data = carry + block
-            # cut after the last newline: a multi-byte UTF-8 character never contains byte 0x0a
-            cut = data.rfind(b"\n") + 1
-        carry = data[cut:]
-        if cut:
-            lines = split_lines(decode_utf8(data[:cut], name, line_no, first, check_binary=False))
-            first = False
-            line_no += len(lines)
-            pending += lines
+        eof = not block
+        pending += cutter.feed(block)
 
 
 def read_lines(path: str | Path) -> list[str]:
