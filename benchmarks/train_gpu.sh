@@ -45,7 +45,7 @@ COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 25000 --length
 # the compiled rows measure (default both)
 RUNS=()
 [ "${EAGER:-1}" = 1 ] && RUNS+=("torch" "aiayn")
-[ "${COMPILE:-1}" = 1 ] && RUNS+=("torch --compile --warmup 12" "aiayn --compile --warmup 12")
+[ "${COMPILE:-1}" = 1 ] && RUNS+=("aiayn --compile --warmup 12" "torch --compile --warmup 12")
 for run in "${RUNS[@]}"; do
   configs="base big"
   [[ "$run" == *--compile* ]] && configs=${COMPILE_CONFIGS:-base big}
