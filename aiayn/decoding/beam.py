@@ -209,11 +209,18 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
         left = (max_lens[sent] - t).repeat_interleave(k)  # (n*k,) steps this row may still take
         logp = apply_constraint(logp, constraint, left).view(n, k * vocab)
-        cand_raw = (raw[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
         n_cand = min(2 * k, k * vocab)
-        top_raw, top_idx = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        top_lp = logp.gather(1, top_idx)  # (n, 2k) the new token's own log-prob
+        # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
+        # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
+        # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
+        # (n, k * V), without adding raw to all V log-probs of every row.
+        c = min(n_cand, vocab)
+        beam_lp, beam_tok = logp.view(n * k, vocab).topk(c, dim=1)  # (n*k, c)
+        cand_raw = (raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
+        top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
+        top_beam = pos // c
+        top_tok = beam_tok.view(n, k * c).gather(1, pos)
+        top_lp = beam_lp.view(n, k * c).gather(1, pos)  # (n, 2k) the new token's own log-prob
         t += 1  # |Y| of every candidate made at this step
         is_eos = top_tok == EOS_ID
         rank = torch.arange(n_cand, device=device)
