@@ -95,6 +95,30 @@ def test_parse_command_gives_trees_over_exactly_the_input_words(tmp_path, parser
     assert again[0] == 2 and "--overwrite" in again[2]
 
 
+def test_parse_streams_in_groups_with_the_same_trees(tmp_path, parser_model, aiayn, monkeypatch):
+    """Groups smaller than the input (parsed and written one after another) give the trees,
+    raw outputs and repair counts of one whole-input parse."""
+    from aiayn.commands import parse as parse_command
+
+    sentences = ["the cat sat on the mat .", "", "unknown words here", "a", "it ran .", "a dog"]
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(s + "\n" for s in sentences))
+    whole = aiayn("parse", "--model", str(parser_model), "--input", str(inp), "--output",
+                  str(tmp_path / "whole.txt"), "--linearized", str(tmp_path / "whole.lin"),
+                  "--beam", "3")
+    monkeypatch.setattr(parse_command, "STREAM_LINES", 4)
+    grouped = aiayn("parse", "--model", str(parser_model), "--input", str(inp), "--output",
+                    str(tmp_path / "grouped.txt"), "--linearized", str(tmp_path / "grouped.lin"),
+                    "--beam", "3")
+    assert whole[0] == grouped[0] == 0, grouped[2]
+    for ext in ("txt", "lin"):
+        got = (tmp_path / f"grouped.{ext}").read_text()
+        assert got == (tmp_path / f"whole.{ext}").read_text() and got.count("\n") == len(sentences)
+    summary = [line for line in grouped[2].splitlines() if "sentences in" in line]
+    assert summary and "6 sentences" in summary[0]
+    assert summary[0].split("; ")[-1] == whole[2].strip().splitlines()[-1].split("; ")[-1]
+
+
 def test_constrained_parse_needs_no_repairs(tmp_path, parser_model, aiayn):
     sentences = ["the cat sat on the mat .", "", "unknown words here", "a"]
     inp = tmp_path / "in.txt"
@@ -119,7 +143,7 @@ def test_parse_lines_delinearizes_the_translators_outputs():
     class Fixed:  # a translator that always says the same
         src_tokenizer = ReadsAll()
 
-        def translate(self, lines, progress=False, constraint=None):
+        def translate(self, lines, progress=False, first_line=1, constraint=None):
             return ["(S (NP XX )NP (VP XX XX )VP )S", "(S XX XX XX"][: len(lines)]
 
     res = parse_lines(Fixed(), ["a ( c", "x y)"])

@@ -184,6 +184,12 @@ def check_train_precision(args: argparse.Namespace, command: str) -> str:
 
 # --- input ------------------------------------------------------------------------------------
 
+# Lines translated or parsed together (batched by length within the group) when input is
+# plentiful: large enough that batches are as full as a whole file's, small enough to keep memory
+# flat whatever the input's length.
+STREAM_LINES = 2000
+
+
 def input_groups(path: str | None, most: int) -> Iterator[list[str]]:
     """The lines of `path` (which may be gzipped), or of stdin for None or '-', as they come, in
     groups of at most `most` lines; from stdin a group ends early when no more input is ready (a

@@ -7,9 +7,11 @@ trees (§6.3, `--preset parsing-seq2seq-small`: beam search).
 
 Input: one sentence a line, words separated by spaces (tokenized as the treebank is: `do n't`,
 `-LRB-`). Output: one tree a line, `(S (NP (XX The) (XX cat)) ...)`, over exactly the input's
-words (a blank line gives a blank line). The model's output is turned into a tree whatever it
-is: unbalanced brackets are closed, missing word slots added, extra ones dropped; the repairs
-are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
+words (a blank line gives a blank line). A sequence-to-sequence parser reads and writes as it
+goes, as `aiayn translate` does (groups of `STREAM_LINES` lines; from a pipe each group's trees
+are flushed at once); a chart parser reads its whole input first (its --votes files align with
+it). The model's output is turned into a tree whatever it is: unbalanced brackets are closed,
+missing word slots added, extra ones dropped; the repairs are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
 outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
 well-formed trees over exactly the input's words (then no repairs are needed), and several
 `--model` directories (trained on one `aiayn prepare` output) parse as their ensemble. A model
@@ -27,10 +29,12 @@ import argparse
 import sys
 
 from aiayn.commands.common import (
+    STREAM_LINES,
     add_search_arguments,
     check_precision,
     decode_precision,
     given,
+    input_groups,
     read_input,
     search_options,
     set_examples,
@@ -77,7 +81,6 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.model.io import read_config
     from aiayn.parsing.chart.files import is_chart_model
     from aiayn.parsing.constrain import TreeVocabulary
-    from aiayn.parsing.parse import parse_lines
 
     check_precision(args, DECODE_PRECISIONS, "parse")  # before reading any model
     charts = [is_chart_model(m) for m in args.model]
@@ -98,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
             check_writable(path, args.overwrite)
     device = torch_device(args.device)
     precision = decode_precision(args, device, "parse")
-    lines = read_input(args.input)
+    groups = input_groups(args.input, STREAM_LINES)
     models = load_models(args.model, device)  # an ensemble shares its tokenizers
     if not bool((TreeVocabulary.from_tokenizer(models.tgt_tokenizer).open_label >= 0).any()):
         raise UserError(f"{models.path}: not a parser: its target vocabulary has no tree brackets "
@@ -110,12 +113,40 @@ def main(args: argparse.Namespace) -> int:
                                 **options)
     except ValueError as e:
         raise UserError(str(e)) from None
-    res = parse_lines(translator, lines, progress=args.progress or sys.stderr.isatty(),
-                      constrained=args.constrained)
-    _write(args, res.trees, res.outputs)
-    print(f"aiayn parse: {len(lines)} sentences in {res.seconds:.1f}s "
-          f"({res.sentences_per_second:.2f} sentences/s); {res.repairs.summary()}", file=sys.stderr)
+    n, seconds, repairs = _stream(args, translator, groups)
+    print(f"aiayn parse: {n} sentences in {seconds:.1f}s ({n / max(seconds, 1e-9):.2f} "
+          f"sentences/s); {repairs.summary()}", file=sys.stderr)
     return 0
+
+
+def _stream(args: argparse.Namespace, translator, groups):
+    """Parse each group of input lines and write its trees (and raw outputs) before reading on,
+    as `aiayn translate` does: flushed, so a reader at the other end of a pipe sees them at once.
+    Returns the sentences, the seconds parsing took and the repairs made."""
+    import contextlib
+
+    from aiayn.files import atomic_write
+    from aiayn.parsing.linearize import Repairs
+    from aiayn.parsing.parse import parse_lines
+    from aiayn.progress import Progress
+
+    n, seconds, repairs = 0, 0.0, Repairs()
+    progress = args.progress or sys.stderr.isatty()
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout if args.output is None else stack.enter_context(atomic_write(args.output))
+        lin = (None if args.linearized is None
+               else stack.enter_context(atomic_write(args.linearized)))
+        bar = stack.enter_context(Progress(None, desc="parsing", unit="sent", enabled=progress))
+        for lines in groups:
+            res = parse_lines(translator, lines, constrained=args.constrained, first_line=n + 1)
+            out.write("".join(t + "\n" for t in res.trees))
+            out.flush()
+            if lin is not None:
+                lin.write("".join(o + "\n" for o in res.outputs))
+            n, seconds = n + len(lines), seconds + res.seconds
+            repairs.add(res.repairs)
+            bar.update(len(lines))
+    return n, seconds, repairs
 
 
 # The options a chart parser reads; it refuses the others (the search's).

@@ -37,6 +37,7 @@ import argparse
 import sys
 
 from aiayn.commands.common import (
+    STREAM_LINES,
     add_alignment_arguments,
     add_search_arguments,
     check_precision,
@@ -49,10 +50,6 @@ from aiayn.commands.common import (
 )
 from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
-
-# Lines translated together (batched by length within the group) when input is plentiful: large
-# enough that batches are as full as a whole file's, small enough to keep memory flat.
-STREAM_LINES = 2000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -55,20 +55,21 @@ def trees_from_outputs(lines: Sequence[str], outputs: Sequence[str]) -> tuple[li
 
 
 def parse_lines(translator: Any, lines: Sequence[str], progress: bool = False,
-                constrained: bool = False) -> ParseResult:
+                constrained: bool = False, first_line: int = 1) -> ParseResult:
     """Parse tokenized sentences (one per line, words separated by spaces; brackets become
     -LRB- and -RRB-) with a `aiayn.decoding.translate.Translator` over a model trained on
     linearized trees. `constrained` (not in the paper): the search writes only well-formed trees
     over exactly each sentence's words (`aiayn.parsing.constrain`). A model trained with
     signatures reads the words its vocabulary lacks as their signatures
-    (`aiayn.parsing.signatures`); the trees are over the words as given."""
+    (`aiayn.parsing.signatures`); the trees are over the words as given. `first_line`: the
+    number of `lines[0]` in warnings (a group of a longer input)."""
     lines = [ptb_escape(line) for line in lines]
     t0 = time.perf_counter()
     constraint = None
     if constrained:
         constraint = tree_constraints(TreeVocabulary.from_tokenizer(translator.tgt_tokenizer), lines)
     outputs = translator.translate(model_inputs(lines, translator.src_tokenizer), progress=progress,
-                                   constraint=constraint)
+                                   first_line=first_line, constraint=constraint)
     seconds = time.perf_counter() - t0
     trees, repairs = trees_from_outputs(lines, outputs)
     return ParseResult(trees, repairs, list(outputs), seconds)
