@@ -91,7 +91,7 @@ def test_parse_lines_give_the_model_signatures_and_build_trees_over_the_words(wo
     class Recording:  # a translator that writes a flat tree and keeps what it was given
         src_tokenizer = word_tokenizer
 
-        def translate(self, lines, progress=False, constraint=None):
+        def translate(self, lines, progress=False, first_line=1, constraint=None):
             self.seen = list(lines)
             return ["(S " + " ".join("XX" for _ in line.split()) + " )S" for line in lines]
 
