@@ -84,7 +84,8 @@ def profile(cfg, device: str, max_tokens: int, lengths: tuple[int, int]) -> None
     for b in batches:
         system.step(b)  # returns the loss read from the device: each step ends synchronized
     dt = time.perf_counter() - t
-    print(f"{sum(b.n_tgt_tokens for b in batches) / dt:.0f} target tok/s, {dt / len(batches) * 1000:.0f} ms per step")
+    ms_per_step = dt / len(batches) * 1000
+    print(f"{sum(b.n_tgt_tokens for b in batches) / dt:.0f} target tok/s, {ms_per_step:.0f} ms per step")
     gpu = device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with torch_profile(activities=activities) as prof:
@@ -95,9 +96,9 @@ def profile(cfg, device: str, max_tokens: int, lengths: tuple[int, int]) -> None
         from torch.autograd import DeviceType
 
         kernels = sum(e.self_device_time_total for e in stats if e.device_type == DeviceType.CUDA)
-        per_step, unprofiled = kernels / 1e3 / 4, dt / len(batches) * 1000
-        print(f"GPU kernels {per_step:.1f} ms per step against {unprofiled:.1f} ms per step "
-              f"unprofiled: the GPU is busy about {min(per_step / unprofiled, 1):.0%} of a step")
+        per_step = kernels / 1e3 / 4
+        print(f"GPU kernels {per_step:.1f} ms per step against {ms_per_step:.1f} ms per step "
+              f"unprofiled: the GPU is busy about {min(per_step / ms_per_step, 1):.0%} of a step")
     key = "self_device_time_total" if gpu else "self_cpu_time_total"
     print(stats.table(sort_by=key, row_limit=25, max_name_column_width=40))
 

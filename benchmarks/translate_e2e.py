@@ -202,8 +202,10 @@ def main() -> int:
     from aiayn.files import atomic_write
 
     with atomic_write(a.out / "results.json") as f:
-        json.dump({"rows": rows, "model": a.model, "search": "greedy" if a.greedy else f"beam {a.beam}", "src": a.src, "threads": a.threads,
-                   "cpus": a.cpus, "command": shlex.join(["python", *sys.argv])}, f, indent=2)
+        json.dump({"rows": rows, "model": a.model,
+                   "search": "greedy" if a.greedy else f"beam {a.beam}", "src": a.src,
+                   "threads": a.threads, "cpus": a.cpus,
+                   "command": shlex.join(["python", *sys.argv])}, f, indent=2)
     return 0
 
 

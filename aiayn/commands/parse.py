@@ -11,8 +11,8 @@ words (a blank line gives a blank line). A sequence-to-sequence parser reads and
 goes, as `aiayn translate` does (groups of `STREAM_LINES` lines; from a pipe each group's trees
 are flushed at once); a chart parser reads its whole input first (its --votes files align with
 it). The model's output is turned into a tree whatever it is: unbalanced brackets are closed,
-missing word slots added, extra ones dropped; the repairs are counted on stderr. Search defaults come from the model's config: §6.3's beam 21, alpha 0.3,
-outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
+missing word slots added, extra ones dropped; the repairs are counted on stderr. Search defaults
+come from the model's config: §6.3's beam 21, alpha 0.3, outputs up to input + 300 tokens. Not in the paper: `--constrained` restricts the search to
 well-formed trees over exactly the input's words (then no repairs are needed), and several
 `--model` directories (trained on one `aiayn prepare` output) parse as their ensemble. A model
 trained with `aiayn treebank --signatures` reads the words its vocabulary lacks as their

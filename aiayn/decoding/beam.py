@@ -208,14 +208,14 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         vocab = logits.size(-1)
         logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
         left = (max_lens[sent] - t).repeat_interleave(k)  # (n*k,) steps this row may still take
-        logp = apply_constraint(logp, constraint, left).view(n, k * vocab)
+        logp = apply_constraint(logp, constraint, left)  # (n*k, V)
         n_cand = min(2 * k, k * vocab)
         # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
         # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
         # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
         # (n, k * V), without adding raw to all V log-probs of every row.
         c = min(n_cand, vocab)
-        beam_lp, beam_tok = logp.view(n * k, vocab).topk(c, dim=1)  # (n*k, c)
+        beam_lp, beam_tok = logp.topk(c, dim=1)  # (n*k, c)
         cand_raw = (raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
         top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
         top_beam = pos // c

@@ -24,10 +24,6 @@ class ParseResult:
     outputs: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    @property
-    def sentences_per_second(self) -> float:
-        return len(self.trees) / self.seconds if self.seconds else 0.0
-
 
 # Brackets inside words would break the bracketed output; the treebank writes them this way.
 PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-"}
