@@ -77,6 +77,39 @@ def test_translator_nbest_and_greedy(loaded):
         Translator(loaded, beam_size=2).translate_nbest(["a"], 3)
 
 
+def test_search_chooses_the_attention_kernels_for_its_device(loaded, monkeypatch):
+    """On a GPU the whole search runs without cuDNN's attention (a plan per new shape, and
+    decoding makes one every step); on CPU, PyTorch's choice. The flags are checked from inside
+    the search, at each decoding step, and are back as they were afterwards."""
+    import torch
+
+    from aiayn.decoding import translate
+    from aiayn.model.attention import decoding_kernels
+
+    cuda = torch.backends.cuda
+    with decoding_kernels(torch.device("cuda")):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    assert cuda.cudnn_sdp_enabled()
+    with decoding_kernels(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled()
+
+    seen = []
+    step = type(loaded.model).decode_step
+
+    def spy(self, *args, **kwargs):
+        seen.append(cuda.cudnn_sdp_enabled())
+        return step(self, *args, **kwargs)
+
+    # a CPU model decoded as if its device were a GPU: only the kernel choice differs
+    monkeypatch.setattr(type(loaded.model), "decode_step", spy)
+    monkeypatch.setattr(translate, "decoding_kernels", lambda device: decoding_kernels(torch.device("cuda")))
+    ids = [loaded.src_tokenizer.encode("a dog runs")]
+    search_batched(loaded.model, ids)
+    assert seen and not any(seen)
+    assert cuda.cudnn_sdp_enabled()
+
+
 def _cli(*args, stdin: bytes = b"") -> subprocess.CompletedProcess:
     """`aiayn translate` in fp32, as the Translators it is compared with (the CLI's default,
     auto, is bf16 on a CPU with native bf16); a --precision in `args` comes later and wins."""

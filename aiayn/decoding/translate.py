@@ -38,6 +38,7 @@ from aiayn.decoding.common import (
 )
 from aiayn.decoding.greedy import greedy_search
 from aiayn.errors import UserError
+from aiayn.model.attention import decoding_kernels
 from aiayn.model.io import LoadedModel
 from aiayn.progress import Progress
 
@@ -136,7 +137,7 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
         model.eval()
     try:
         with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
-                      leave=False) as bar, autocast:
+                      leave=False) as bar, autocast, decoding_kernels(device):
             for batch in length_batches([len(s) for s in sources], options.batch_tokens,
                                         max_sentences=options.batch_size):
                 src, src_mask = source_batch([sources[i] for i in batch], device)

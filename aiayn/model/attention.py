@@ -45,6 +45,7 @@ def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
 
 
 _MATH_ONLY = [SDPBackend.MATH]
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _backend_for(q: Tensor):
@@ -56,6 +57,17 @@ def _backend_for(q: Tensor):
     if q.device.type == "cpu" and bf16 and torch.is_grad_enabled():
         return sdpa_kernel(_MATH_ONLY)
     return contextlib.nullcontext()
+
+
+def decoding_kernels(device: torch.device):
+    """The attention kernels for incremental decoding on `device`, as a context around a whole
+    search (entering one per attention call costs more host time than a GPU decoding step takes).
+    On a GPU, PyTorch's default choice in bf16 is cuDNN's attention, which builds a plan for every
+    new shape, and incremental decoding makes a new shape at every step (one more key, fewer rows
+    as sentences finish): `aiayn translate --precision bf16` took 47 s for Multi30k's test set on
+    one H100 with it and 10.5 s without (benchmarks/gpu_decode.py measures both). Elsewhere:
+    PyTorch's choice."""
+    return sdpa_kernel(_NO_CUDNN) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class MultiHeadAttention(nn.Module):
