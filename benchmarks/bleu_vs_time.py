@@ -10,6 +10,9 @@ side (the RNN's additive attention, the Transformer's cross-attention averaged o
         --align RNN=MODEL_DIR --align Transformer=MODEL_DIR --sentence 3
 
 RUN is a run directory of `aiayn train` (keep every checkpoint: `--save-minutes 2 --keep 40`).
+With --from-metrics nothing is translated: the points are the run's own dev evaluations
+(metrics.jsonl's `dev_bleu`: greedy sacreBLEU on the first `--eval-bleu-sentences` val
+sentences, every `--eval-every` updates), for runs that kept few checkpoints.
 A checkpoint's time is the run's training wall-clock at its step (the "elapsed" of
 metrics.jsonl, interpolated between logged steps; dev evaluations and saving included). Each is
 translated by greedy search (--beam for beam search) on the whole validation split and scored
@@ -73,6 +76,19 @@ def score_runs(runs: dict[str, Path], data: Path, cache: dict, beam: int | None,
     return cache
 
 
+def metrics_runs(runs: dict[str, Path]) -> dict:
+    """Each run's dev evaluations as points (no translating): {label: {"run", "points"}}."""
+    cache = {}
+    for label, run in runs.items():
+        dev = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+        dev = [r for r in dev if r.get("kind") == "dev" and "dev_bleu" in r]
+        walls = elapsed_at(run, [r["step"] for r in dev])
+        cache[label] = {"run": str(run), "points": {
+            str(r["step"]): {"wall_s": w, "bleu": r["dev_bleu"], "sentences": r.get("bleu_sentences")}
+            for r, w in zip(dev, walls)}}
+    return cache
+
+
 def curve(entry: dict) -> tuple[list[float], list[float]]:
     pts = sorted(entry["points"].values(), key=lambda p: p["wall_s"])
     return [p["wall_s"] for p in pts], [p["bleu"] for p in pts]
@@ -98,7 +114,8 @@ def summary(cache: dict, fast: str, slow: str) -> dict:
             "ratio": None if t is None else t / sw[-1]}
 
 
-def plot(cache: dict, path: Path, title: str, comparison: dict | None) -> None:
+def plot(cache: dict, path: Path, title: str, comparison: dict | None,
+         ylabel: str = "validation sacreBLEU") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +129,7 @@ def plot(cache: dict, path: Path, title: str, comparison: dict | None) -> None:
         ax.axhline(comparison["target_bleu"], color="grey", lw=0.8, ls=":")
         ax.axvline(comparison["fast_reaches_at_s"] / 60, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("training wall-clock time (minutes)")
-    ax.set_ylabel("validation sacreBLEU")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -178,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                    "fast one, the last the one whose final BLEU it must reach")
     p.add_argument("--out", type=Path, required=True, help="output prefix (OUT.json, OUT.png)")
     p.add_argument("--beam", type=int, default=None, help="beam size (default: greedy)")
+    p.add_argument("--from-metrics", action="store_true",
+                   help="plot each run's own dev evaluations instead of translating checkpoints")
     p.add_argument("--sentences", type=int, default=None, help="only the first N val sentences")
     p.add_argument("--title", default="")
     p.add_argument("--align", action="append", default=[], help="LABEL=MODEL_DIR")
@@ -194,13 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     out_json = Path(f"{args.out}.json")
     cache = json.loads(out_json.read_text()) if out_json.exists() else {}
     runs = _pairs(args.run)
-    cache = score_runs(runs, args.data, {k: v for k, v in cache.items() if k in runs},
-                       args.beam, args.sentences)
+    if args.from_metrics:
+        cache = metrics_runs(runs)
+    else:
+        cache = score_runs(runs, args.data, {k: v for k, v in cache.items() if k in runs},
+                           args.beam, args.sentences)
     labels = list(runs)
     comparison = summary(cache, labels[0], labels[-1]) if len(labels) > 1 else None
     with atomic_write(out_json) as f:
         json.dump({**cache, **({"comparison": comparison} if comparison else {})}, f, indent=1)
-    plot({k: cache[k] for k in labels}, Path(f"{args.out}.png"), args.title, comparison)
+    ylabel = "validation sacreBLEU" + (" (greedy)" if args.beam is None else f" (beam {args.beam})")
+    if args.from_metrics:
+        n = {p.get("sentences") for e in cache.values() for p in e["points"].values()}
+        ylabel = f"validation sacreBLEU (greedy, first {'/'.join(map(str, sorted(n)))} sentences)"
+    plot({k: cache[k] for k in labels}, Path(f"{args.out}.png"), args.title, comparison, ylabel)
     if comparison:
         print(json.dumps(comparison, indent=1))
     return 0

@@ -19,9 +19,11 @@ of the child (ru_maxrss):
   (aiayn/model/export_onnx.py; its module imports torch, counted) on onnxruntime: greedy only,
   so use it with `--greedy`, which makes every row greedy (`aiayn translate --greedy`, CTranslate2
   beam 1).
-Each row runs `--reps` times (the fastest time and the largest RSS are reported); the translations
-are scored with sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked
-here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
+`--variants` adds aiayn rows with other options or environment settings (batch size, stopping
+rule, allocator). Each row runs `--reps` times (the fastest time and the largest RSS are
+reported); the translations are scored with sacreBLEU (aiayn.evaluation.sacre). The quality
+bound of int8 decoding is checked here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the
+same model.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ sys.path.insert(0, str(REPO))
 QUALITY_BOUND = 0.3  # sacreBLEU points: int8 against fp32 on the same model
 
 
-def timed(cmd: list[str], cpus: str, threads: int) -> tuple[float, float, str]:
-    """Run `cmd` pinned to `cpus`: (seconds from start to exit, peak RSS in MB, stderr);
-    raises RuntimeError with its last stderr line when it fails."""
+def timed(cmd: list[str], cpus: str, threads: int,
+          extra_env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run `cmd` pinned to `cpus` (with `extra_env` set): (seconds from start to exit, peak RSS
+    in MB, stderr); raises RuntimeError with its last stderr line when it fails."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO))
+               PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO), **(extra_env or {}))
     start = time.perf_counter()
     p = subprocess.Popen(["taskset", "-c", cpus, *cmd], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -112,6 +115,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="work directory (exports, translations, results.json)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "int8"],
                    help="aiayn translate --precision values to run (default fp32 int8)")
+    p.add_argument("--variants", nargs="+", default=[""], metavar="ARGS",
+                   help="aiayn rows for each precision: one per string of extra `translate` "
+                        "options and NAME=VALUE environment settings, e.g. '--batch-tokens 1000' "
+                        "'AIAYN_ALLOCATOR=system' (default: one row, the defaults)")
     p.add_argument("--ct2", nargs="*", default=["int8", "float32"],
                    help="CTranslate2 compute types to run (default int8 float32)")
     p.add_argument("--greedy", action="store_true",
@@ -142,10 +149,10 @@ def main() -> int:
     py = sys.executable
     rows = []
 
-    def run(name: str, cmd: list[str], hyp: Path) -> None:
+    def run(name: str, cmd: list[str], hyp: Path, env: dict[str, str] | None = None) -> None:
         best = None
         for _ in range(a.reps):
-            seconds, rss, err = timed(cmd, a.cpus, a.threads)
+            seconds, rss, err = timed(cmd, a.cpus, a.threads, env)
             best = (min(seconds, best[0]), max(rss, best[1])) if best else (seconds, rss)
         row = {"system": name, "seconds": round(best[0], 2), "peak_rss_mb": round(best[1]),
                "sacrebleu": round(bleu(hyp, refs), 2), "command": shlex.join(cmd)}
@@ -154,11 +161,17 @@ def main() -> int:
               file=sys.stderr, flush=True)
 
     for prec in a.precisions:
-        hyp = a.out / f"aiayn-{prec}.hyp"
-        run(f"aiayn translate --precision {prec}",
-            [py, "-m", "aiayn", "translate", "--model", a.model, "--input", a.src, "--output",
-             str(hyp), "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else [])],
-            hyp)
+        for variant in a.variants:
+            words = shlex.split(variant)
+            env = dict(w.split("=", 1) for w in words if not w.startswith("-") and "=" in w)
+            opts = [w for w in words if w.startswith("-") or "=" not in w]
+            tag = "".join(c if c.isalnum() else "-" for c in variant).strip("-")
+            hyp = a.out / f"aiayn-{prec}{'-' + tag if tag else ''}.hyp"
+            run(" ".join([*(f"{k}={v}" for k, v in env.items()),
+                          f"aiayn translate --precision {prec}", *opts]),
+                [py, "-m", "aiayn", "translate", "--model", a.model, "--input", a.src, "--output",
+                 str(hyp), "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
+                 *opts], hyp, env)
     for ct in a.ct2:
         export = a.out / f"ct2-{ct}"
         if not export.exists():

@@ -221,3 +221,32 @@ def test_first_reaching_interpolates():
     assert first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
     assert first_reaching([60, 120], [10, 20], 5) == 60
     assert first_reaching([60, 120], [10, 20], 21) is None
+
+
+def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
+    """--from-metrics: one point per dev record, at the run's training time for that step
+    (interpolated between the train records), and nothing translated."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bleu_vs_time
+
+    records = [{"kind": "train", "step": 100, "elapsed": 60.0},
+               {"kind": "train", "step": 300, "elapsed": 200.0},
+               {"kind": "dev", "step": 200, "dev_bleu": 5.0, "bleu_sentences": 30},
+               {"kind": "train", "step": 500, "elapsed": 400.0},
+               {"kind": "dev", "step": 400, "dev_loss": 2.0},  # no BLEU: not a point
+               {"kind": "dev", "step": 500, "dev_bleu": 9.0, "bleu_sentences": 30}]
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "curve"
+    assert bleu_vs_time.main(["--data", str(tmp_path / "no-data"), "--from-metrics",
+                              "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}",
+                              "--out", str(out)]) == 0
+    got = json.loads(out.with_suffix(".json").read_text())
+    assert bleu_vs_time.curve(got["A"]) == ([130.0, 400.0], [5.0, 9.0])
+    assert got["comparison"]["fast_reaches_at_s"] == 400.0
+    assert out.with_suffix(".png").stat().st_size > 0
