@@ -55,13 +55,14 @@ EXAMPLES = (
     "aiayn download multi30k --out data/multi30k",
     "aiayn prepare --src-lang en --tgt-lang de --train data/multi30k/train --valid "
     "data/multi30k/val --test data/multi30k/test_2016_flickr --out data/m30k",
-    "aiayn train --data data/m30k --out runs/m30k --preset translation-small --time-budget 60",
+    "aiayn train --data data/m30k --out runs/m30k --preset translation-small-v2 --time-budget 60",
     "aiayn train --help",
 )
 
-ENVIRONMENT = ("environment: AIAYN_ALLOCATOR=system keeps the C library's malloc (by default the "
-               "command restarts itself once with mimalloc preloaded where the cmeel-mimalloc "
-               "wheel is installed); AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default "
+ENVIRONMENT = ("environment: AIAYN_ALLOCATOR=system keeps the C library's malloc (by default a "
+               "command but translate restarts itself once with mimalloc preloaded where the "
+               "cmeel-mimalloc wheel is installed; AIAYN_ALLOCATOR=mimalloc asks for it there "
+               "too); AIAYN_TUNE_MEMORY=0 keeps glibc's and PyTorch's default "
                "memory settings (aiayn/memory.py; by default freed memory stays in the process "
                "and large tensors use huge pages, for faster CPU training)")
 
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     process restart itself with mimalloc preloaded (aiayn/memory.py), before torch is loaded."""
     if argv is None:
         try:  # the same PID goes on, so torchrun keeps track of its workers
-            restart_with_allocator([sys.executable, "-m", "aiayn", *sys.argv[1:]])
+            restart_with_allocator([sys.executable, "-m", "aiayn", *sys.argv[1:]],
+                                   command=sys.argv[1] if len(sys.argv) > 1 else None)
         except ValueError as e:
             print(f"aiayn: error: {e}", file=sys.stderr)
             return 2

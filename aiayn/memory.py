@@ -15,8 +15,9 @@ requests get slower as a run goes on. mimalloc (size classes instead of one best
 fragment that way, so the `aiayn` command re-executes itself once at startup with mimalloc
 preloaded (`LD_PRELOAD`; the `cmeel-mimalloc` wheel, a dependency on Linux), keeping freed memory
 in the process as above (`MIMALLOC_PURGE_DELAY=-1`). `AIAYN_ALLOCATOR=system` keeps the C
-library's malloc; `AIAYN_TUNE_MEMORY=0` turns the glibc and huge-page settings off. Python API
-users call `tune_memory()` before the first `import torch` (and preload mimalloc themselves).
+library's malloc (`aiayn translate` keeps it unless asked for mimalloc: `SYSTEM_MALLOC_COMMANDS`);
+`AIAYN_TUNE_MEMORY=0` turns the glibc and huge-page settings off. Python API users call
+`tune_memory()` before the first `import torch` (and preload mimalloc themselves).
 
 These settings change speed and memory only. A different allocator places tensors at other
 addresses, where oneDNN's kernels may round differently: runs agree to ~1e-3 in loss after
@@ -34,6 +35,11 @@ import sys
 OPT_OUT = "AIAYN_TUNE_MEMORY"
 ALLOCATOR = "AIAYN_ALLOCATOR"  # "mimalloc" (the default where installed) or "system"
 ALLOCATORS = ("mimalloc", "system")
+# Commands whose default is the C library's malloc: decoding a file allocates tensors of ever new
+# sizes too, but briefly, and mimalloc's kept memory only added to its peak (`aiayn translate` of
+# Multi30k's test set: the same time within noise, 15-20% more peak RSS; the measurement is in
+# docs/experiments/decoding.md). AIAYN_ALLOCATOR=mimalloc still asks for it.
+SYSTEM_MALLOC_COMMANDS = frozenset({"translate"})
 # Set when absent (a user's own value wins): keep freed memory (no purging back to the kernel, as
 # the glibc settings above do) and back large spans with huge pages
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1", "MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
@@ -77,12 +83,14 @@ def mimalloc_library() -> str | None:
     return None
 
 
-def allocator_environment(environ=os.environ, library: str | None = None) -> dict[str, str] | None:
+def allocator_environment(environ=os.environ, library: str | None = None,
+                          command: str | None = None) -> dict[str, str] | None:
     """The environment under which to re-execute this process with mimalloc preloaded, or None when
-    it should run as it is (Linux only; `AIAYN_ALLOCATOR=system`; mimalloc, jemalloc or tcmalloc
-    already preloaded; the library not installed). `library` defaults to `mimalloc_library()`.
-    Raises ValueError for an unknown AIAYN_ALLOCATOR."""
-    choice = environ.get(ALLOCATOR, "mimalloc")
+    it should run as it is (Linux only; `AIAYN_ALLOCATOR=system`, or unset for a `command` in
+    `SYSTEM_MALLOC_COMMANDS`; mimalloc, jemalloc or tcmalloc already preloaded; the library not
+    installed). `library` defaults to `mimalloc_library()`. Raises ValueError for an unknown
+    AIAYN_ALLOCATOR."""
+    choice = environ.get(ALLOCATOR, "system" if command in SYSTEM_MALLOC_COMMANDS else "mimalloc")
     if choice not in ALLOCATORS:
         raise ValueError(f"{ALLOCATOR} must be one of {', '.join(ALLOCATORS)}, got {choice!r}")
     preload = environ.get("LD_PRELOAD", "")
@@ -95,10 +103,11 @@ def allocator_environment(environ=os.environ, library: str | None = None) -> dic
     return {**MIMALLOC_OPTIONS, **environ, "LD_PRELOAD": f"{library}:{preload}" if preload else library}
 
 
-def restart_with_allocator(args: list[str]) -> None:
+def restart_with_allocator(args: list[str], command: str | None = None) -> None:
     """Replace this process (same PID) by `args` run with mimalloc preloaded, when
-    `allocator_environment()` says so; returns only when it does not. Call it before anything."""
-    env = allocator_environment()
+    `allocator_environment()` says so for `command`; returns only when it does not. Call it
+    before anything."""
+    env = allocator_environment(command=command)
     if env is not None:
         sys.stdout.flush()
         sys.stderr.flush()

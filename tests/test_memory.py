@@ -110,6 +110,11 @@ def test_allocator_environment_decides_when_and_how(monkeypatch):
     assert allocator_environment({}) is None
     with pytest.raises(ValueError, match="AIAYN_ALLOCATOR must be one of mimalloc, system, got 'jemalloc'"):
         allocator_environment({"AIAYN_ALLOCATOR": "jemalloc"}, library=lib)
+    # translate keeps the C library's malloc unless asked for mimalloc; other commands restart
+    assert allocator_environment({}, library=lib, command="translate") is None
+    assert allocator_environment({"AIAYN_ALLOCATOR": "mimalloc"}, library=lib,
+                                 command="translate")["LD_PRELOAD"] == lib
+    assert allocator_environment({}, library=lib, command="train")["LD_PRELOAD"] == lib
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -158,6 +158,36 @@ def test_cache_reorder_selects_batch_rows():
     torch.testing.assert_close(nxt, full, rtol=0, atol=1e-5)
 
 
+def test_cache_holds_at_most_one_spare_layer_buffer():
+    """Reordering at every step (beam search) and growing keep the cache's self-attention state to
+    its layers' buffers plus one spare of a layer's size, never a second copy of the whole cache;
+    and each step's result still equals the full forward pass."""
+    cfg = replace(MICRO, n_layers=3)
+    model = make(cfg)
+    src, tgt = rand_batch(cfg, b=3, t=9)
+    mask = src != 0
+    cache = model.new_cache(model.encode(src, mask), mask, capacity=2)
+    rows = torch.arange(3)
+    swaps = [torch.tensor(p) for p in ([1, 0, 2], [2, 2, 0], [0, 1, 1], [1, 2, 0])]
+
+    def storages() -> set[int]:
+        bufs = [*cache.self_k, *cache.self_v] + ([cache._spare] if cache._spare is not None else [])
+        return {b.untyped_storage().data_ptr() for b in bufs}
+
+    for t in range(8):
+        cache.reorder(swaps[t % 4], cross_index=True)
+        rows = rows[swaps[t % 4]]
+        step = model.decode_step(tgt[rows, t : t + 1], cache)  # grows at t = 2, 4, ... (capacity 2)
+        full = model(src[rows], tgt[rows, : t + 1])[:, -1]
+        torch.testing.assert_close(step, full, rtol=0, atol=1e-5)
+        assert len(storages()) <= 2 * cfg.n_layers + 1
+        if cache._spare is not None:
+            assert cache._spare.shape == cache.self_k[0].shape
+    cache.reorder(torch.tensor([1]))  # a smaller batch: new buffers, none of the old kept
+    assert cache.batch_size == 1 and all(b.size(0) == 1 for b in [*cache.self_k, *cache.self_v])
+    assert cache._spare is None
+
+
 def test_restricted_attention_limits_the_receptive_field():
     cfg = replace(MICRO, attn_window=1, n_layers=1)
     model = make(cfg)

@@ -35,38 +35,43 @@ class KVCache:
     """Per-batch decoding state; one instance per `Transformer.new_cache` call.
 
     Buffers (L = n_layers, B = batch rows, e.g. sentences x beams; h = n_heads):
-      self_k:  (L, B, h, capacity, d_k)  decoder self-attention keys, positions [0, length) valid
-      self_v:  (L, B, h, capacity, d_v)  decoder self-attention values
-      cross_k: (L, B, h, S, d_k)         encoder-output keys, computed once
-      cross_v: (L, B, h, S, d_v)         encoder-output values, computed once
-      src_mask: (B, S) bool              True at real source tokens (may attend)
-      length: int                        target positions decoded so far (the next position)
-      window: int | None                 restricted attention: slots kept (r + 1); None: all
+      self_k:  L tensors (B, h, capacity, d_k)  decoder self-attention keys, one per layer,
+                                                positions [0, length) valid
+      self_v:  L tensors (B, h, capacity, d_v)  decoder self-attention values
+      cross_k: (L, B, h, S, d_k)                encoder-output keys, computed once
+      cross_v: (L, B, h, S, d_v)                encoder-output values, computed once
+      src_mask: (B, S) bool                     True at real source tokens (may attend)
+      length: int                               target positions decoded so far (the next position)
+      window: int | None                        restricted attention: slots kept (r + 1); None: all
 
     `capacity` grows when full, to the next multiple of `GROW` positions, so callers need not know
     the output length and the buffers stay close to the positions decoded (doubling left up to
     half of them empty: with beam search the cache is most of decoding's memory); with a window
     it stops at `window`, and then new positions overwrite the oldest.
+
+    One tensor per layer (not one (L, ...) tensor) so that `reorder` and growth replace a layer's
+    buffer at a time: the cache's peak is itself plus one layer's buffer, where a whole second copy
+    doubled it.
     """
 
-    self_k: Tensor
-    self_v: Tensor
+    self_k: list[Tensor]
+    self_v: list[Tensor]
     cross_k: Tensor
     cross_v: Tensor
     src_mask: Tensor
     length: int = 0
     window: int | None = None
-    # The buffers `reorder` writes into next (same shapes as self_k/self_v, contents stale).
-    _spare_k: Tensor | None = field(default=None, repr=False)
-    _spare_v: Tensor | None = field(default=None, repr=False)
+    # The buffer `reorder` writes the next layer's rows into (a layer buffer's shape, contents
+    # stale): the one each reordered buffer leaves behind.
+    _spare: Tensor | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
-        return self.self_k.size(1)
+        return self.self_k[0].size(0)
 
     @property
     def capacity(self) -> int:
-        return self.self_k.size(3)
+        return self.self_k[0].size(2)
 
     @property
     def filled(self) -> int:
@@ -81,9 +86,9 @@ class KVCache:
         slot, n = t, t + 1
         if self.window is not None:
             slot, n = t % self.window, min(t + 1, self.window)
-        self.self_k[layer, :, :, slot : slot + 1] = k
-        self.self_v[layer, :, :, slot : slot + 1] = v
-        return self.self_k[layer, :, :, :n], self.self_v[layer, :, :, :n]
+        self.self_k[layer][:, :, slot : slot + 1] = k
+        self.self_v[layer][:, :, slot : slot + 1] = v
+        return self.self_k[layer][:, :, :n], self.self_v[layer][:, :, :n]
 
     def ensure_capacity(self, needed: int) -> None:
         if self.window is not None:
@@ -97,41 +102,42 @@ class KVCache:
 
         def grow(buf: Tensor) -> Tensor:
             shape = list(buf.shape)
-            shape[3] = new_cap
+            shape[2] = new_cap
             out = buf.new_zeros(shape)
-            out[:, :, :, :filled] = buf[:, :, :, :filled]
+            out[:, :, :filled] = buf[:, :, :filled]
             return out
 
-        self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
-        self._spare_k = self._spare_v = None  # the old capacity: no longer of use
+        self._spare = None  # the old capacity: no longer of use
+        for bufs in (self.self_k, self.self_v):
+            for i in range(len(bufs)):  # a layer at a time: the old one is freed before the next grows
+                bufs[i] = grow(bufs[i])
 
     def reorder(self, index: Tensor, cross_index: Tensor | None | bool = True) -> None:
         """Select batch rows: row i of the result is row index[i] (beam search reorders
         hypotheses after each step, and expands each sentence to k beams at the start).
 
-        Only the filled slots (`filled`) of the self-attention buffers are copied, once,
-        straight into a second pair of buffers that then swaps with the first (beam search
-        reorders at every step: a gather then a copy back would move the cache twice, and a
-        fresh buffer per step would cost page faults).
+        Only the filled slots (`filled`) of the self-attention buffers are copied, once, layer by
+        layer, straight into a spare buffer that the layer's old buffer then becomes (beam search
+        reorders at every step: a gather then a copy back would move the cache twice, and a fresh
+        buffer per step would cost page faults).
         `cross_index` selects the cross-attention rows: True (default) means `index`; None means
         leave them as they are, which is right when every row keeps its source sentence (the
         beams of one sentence share their cross keys/values); a tensor gives their own index."""
         t = self.filled
-
-        def select(buf: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
-            shape = list(buf.shape)
-            shape[1] = index.numel()
-            if spare is None or list(spare.shape) != shape:
-                spare = buf.new_empty(shape)  # positions >= t are written before they are read
-            if buf.requires_grad and torch.is_grad_enabled():  # out= is not differentiable
-                spare = buf.new_empty(shape)
-                spare[:, :, :, :t] = buf[:, :, :, :t].index_select(1, index)
-            else:
-                torch.index_select(buf[:, :, :, :t], 1, index, out=spare[:, :, :, :t])  # (L, B', h, t, d)
-            return spare, (buf if buf.shape == spare.shape else None)
-
-        self.self_k, self._spare_k = select(self.self_k, self._spare_k)
-        self.self_v, self._spare_v = select(self.self_v, self._spare_v)
+        grad = torch.is_grad_enabled()
+        for bufs in (self.self_k, self.self_v):
+            for i, buf in enumerate(bufs):
+                shape = (index.numel(), *buf.shape[1:])
+                spare = self._spare
+                if spare is None or spare.shape != shape or spare.dtype != buf.dtype:
+                    spare = buf.new_empty(shape)  # positions >= t are written before they are read
+                if buf.requires_grad and grad:  # out= is not differentiable
+                    spare = buf.new_empty(shape)
+                    spare[:, :, :t] = buf[:, :, :t].index_select(0, index)
+                else:
+                    torch.index_select(buf[:, :, :t], 0, index, out=spare[:, :, :t])  # (B', h, t, d)
+                bufs[i] = spare
+                self._spare = buf if buf.shape == shape else None
         ci = source_rows(index, cross_index)
         if ci is None:
             return
@@ -147,7 +153,7 @@ class KVCache:
         if window is not None:
             capacity = min(capacity, window)
         return cls(
-            self_k=torch.zeros(n_layers, batch, n_heads, capacity, d_k, **opts),
-            self_v=torch.zeros(n_layers, batch, n_heads, capacity, d_v, **opts),
+            self_k=[torch.zeros(batch, n_heads, capacity, d_k, **opts) for _ in range(n_layers)],
+            self_v=[torch.zeros(batch, n_heads, capacity, d_v, **opts) for _ in range(n_layers)],
             cross_k=cross_k, cross_v=cross_v, src_mask=src_mask, window=window,
         )
