@@ -129,10 +129,9 @@ class KVCache:
             for i, buf in enumerate(bufs):
                 shape = (index.numel(), *buf.shape[1:])
                 spare = self._spare
-                if spare is None or spare.shape != shape or spare.dtype != buf.dtype:
+                if spare is None or spare.shape != shape or (buf.requires_grad and grad):
                     spare = buf.new_empty(shape)  # positions >= t are written before they are read
                 if buf.requires_grad and grad:  # out= is not differentiable
-                    spare = buf.new_empty(shape)
                     spare[:, :, :t] = buf[:, :, :t].index_select(0, index)
                 else:
                     torch.index_select(buf[:, :, :t], 0, index, out=spare[:, :, :t])  # (B', h, t, d)
