@@ -279,7 +279,8 @@ class TableModel:
                 assert tok == BOS_ID
             else:
                 cache.prefixes[i] = cache.prefixes[i] + (tok,)
-            table = self.tables[cache.keys[i]]
+            # a sentence's beams share its source row (the search stores it once)
+            table = self.tables[cache.keys[i * len(cache.keys) // len(cache.prefixes)]]
             dist = table(cache.prefixes[i]) if callable(table) else table.get(cache.prefixes[i], {EOS_ID: 1.0})
             for t, p in dist.items():
                 out[i, t] = math.log(p)

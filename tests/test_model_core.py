@@ -273,3 +273,35 @@ def test_cache_reorder_shrinks_batch_and_keeps_cross_state_when_asked():
     nxt = model.decode_step(tgt[1:2, 2:3], cache)
     torch.testing.assert_close(nxt, model(src[1:2], tgt[1:2, :3])[:, -1], rtol=0, atol=1e-5)
     assert cache.batch_size == 1
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_beams_sharing_one_cross_copy_equal_rows_with_their_own(need_weights):
+    # beam search stores a sentence's cross-attention keys/values once for its k beams
+    # (`reorder(beams, cross_index=None)`): its g rows are g queries against one copy
+    model = make(MICRO)
+    src, tgt = rand_batch(MICRO, b=3, t=4)
+    mask = src != 0
+    beams = torch.arange(3).repeat_interleave(2)  # (6,) two rows per sentence
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        own = model.new_cache(memory, mask)
+        own.reorder(beams)  # a copy per row
+        shared = model.new_cache(memory, mask)
+        shared.reorder(beams, cross_index=None)
+        assert own.group == 1 and shared.group == 2 and shared.cross_k.size(1) == 3
+        toks = tgt[beams]
+        for i in range(3):
+            a = model.decode_step(toks[:, i:i + 1], own, return_attention=need_weights)
+            b = model.decode_step(toks[:, i:i + 1], shared, return_attention=need_weights)
+            if need_weights:
+                (a, wa), (b, wb) = a, b
+                for x, y in zip(wa["cross"], wb["cross"]):
+                    torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        # sentence 2 leaves: its rows and its one source row
+        own.reorder(torch.tensor([1, 0, 3, 2]))
+        shared.reorder(torch.tensor([1, 0, 3, 2]), cross_index=torch.tensor([0, 1]))
+        assert shared.group == 2
+        torch.testing.assert_close(model.decode_step(toks[:4, 3:4], own),
+                                   model.decode_step(toks[:4, 3:4], shared), rtol=0, atol=1e-5)

@@ -120,6 +120,24 @@ def test_cached_decoding_equals_full_pass_and_reorders():
         torch.testing.assert_close(nxt, m(src[index], tgt[index, :4])[:, -1], rtol=0, atol=1e-6)
 
 
+def test_beams_sharing_one_source_copy_equal_rows_with_their_own():
+    # beam search keeps a sentence's annotations once for its k beams (`cross_index=None`)
+    m = make()
+    src, tgt = batch()
+    mask = src != PAD_ID
+    beams = torch.arange(3).repeat_interleave(2)
+    with torch.no_grad():
+        full = m(src[beams], tgt[beams])
+        cache = m.new_cache(m.encode(src, mask), mask)
+        cache.reorder(beams, cross_index=None)
+        assert cache.memory.size(0) == 3 and cache.state.size(0) == 6
+        steps = [m.decode_step(tgt[beams, i:i + 1], cache) for i in range(3)]
+        torch.testing.assert_close(torch.stack(steps, 1), full[:, :3], rtol=0, atol=1e-6)
+        cache.reorder(torch.tensor([0, 1, 4, 5]), cross_index=torch.tensor([0, 2]))  # 1 leaves
+        nxt = m.decode_step(tgt[beams[[0, 1, 4, 5]], 3:4], cache)
+        torch.testing.assert_close(nxt, full[[0, 1, 4, 5], 3], rtol=0, atol=1e-6)
+
+
 def test_untied_vocabularies_and_counts():
     cfg = replace(CFG, tgt_vocab_size=20, tie_embeddings=False, tie_output=False)
     m = make(cfg)

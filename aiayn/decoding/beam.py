@@ -178,7 +178,7 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     memory = model.encode(src, src_mask)
     cache = model.new_cache(memory, src_mask)
     beams = torch.arange(n_sent, device=device).repeat_interleave(k)  # (B*k,) rows
-    cache.reorder(beams)
+    cache.reorder(beams, cross_index=None)  # a sentence's k beams share its source side
     if constraint is not None:
         constraint.reorder(beams)
     w_shape = None  # (L', h', S) of the kept attention
@@ -283,9 +283,9 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         if not sent.numel():
             break
         # One gather both drops finished sentences and puts each beam's parent state in place.
-        # The k beams of a sentence share its cross-attention keys/values, so those move only
-        # when sentences leave the batch.
-        cross = keep.repeat_interleave(k) * k if keep.numel() != n else None  # (m*k,)
+        # The k beams of a sentence share its cross-attention keys/values (stored once), so
+        # those move only when sentences leave the batch.
+        cross = keep if keep.numel() != n else None  # (m,)
         rows = (keep[:, None] * k + beam).view(-1)  # (m*k,)
         cache.reorder(rows, cross_index=cross)
         if constraint is not None:

@@ -38,11 +38,17 @@ class KVCache:
       self_k:  L tensors (B, h, capacity, d_k)  decoder self-attention keys, one per layer,
                                                 positions [0, length) valid
       self_v:  L tensors (B, h, capacity, d_v)  decoder self-attention values
-      cross_k: (L, B, h, S, d_k)                encoder-output keys, computed once
-      cross_v: (L, B, h, S, d_v)                encoder-output values, computed once
-      src_mask: (B, S) bool                     True at real source tokens (may attend)
+      cross_k: (L, N, h, S, d_k)                encoder-output keys, computed once
+      cross_v: (L, N, h, S, d_v)                encoder-output values, computed once
+      src_mask: (N, S) bool                     True at real source tokens (may attend)
       length: int                               target positions decoded so far (the next position)
       window: int | None                        restricted attention: slots kept (r + 1); None: all
+
+    The source side has N = B / g rows: one per source sentence, whose g consecutive batch rows
+    (beam search's k beams of a sentence) share it (`group`); a reorder with `cross_index=None`
+    leaves it as it is, so expanding a batch of sentences to k beams each (`reorder(beams,
+    cross_index=None)`) stores each sentence's keys and values once, not k times. g = 1 when
+    every row has its own.
 
     `capacity` grows when full, to the next multiple of `GROW` positions, so callers need not know
     the output length and the buffers stay close to the positions decoded (doubling left up to
@@ -68,6 +74,11 @@ class KVCache:
     @property
     def batch_size(self) -> int:
         return self.self_k[0].size(0)
+
+    @property
+    def group(self) -> int:
+        """g: consecutive batch rows that share one source row (1: a source row per row)."""
+        return self.batch_size // self.src_mask.size(0)
 
     @property
     def capacity(self) -> int:

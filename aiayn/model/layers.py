@@ -101,9 +101,17 @@ class DecoderLayer(nn.Module):
         a, _ = self.self_attn.attend(q, k_all, v_all, None)
         w_self = attention_weights(q, k_all) if need_weights else None
         y = self.res_self.out(y, a)
-        q = self.cross_attn.project_q(self.res_cross.inp(y))
-        cross_mask = cache.src_mask[:, None, None, :]  # (B, 1, 1, S)
+        q = self.cross_attn.project_q(self.res_cross.inp(y))  # (B, h, 1, d_k)
+        b, h, g = q.size(0), q.size(1), cache.group
+        # The g rows of one source sentence (its beams) are g queries against its keys, which
+        # the cache holds once: (N, h, g, d_k)
+        q = q.reshape(b // g, g, h, q.size(-1)).transpose(1, 2)
+        cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
         a, _ = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask)
-        w_cross = attention_weights(q, cache.cross_k[layer], cross_mask) if need_weights else None
+        a = a.reshape(b, 1, a.size(-1))  # (N, g, d_model) -> (B, 1, d_model)
+        w_cross = None
+        if need_weights:
+            w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
+            w_cross = w.transpose(1, 2).reshape(b, h, 1, w.size(-1))  # (B, h, 1, S)
         y = self.res_cross.out(y, a)
         return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross

@@ -46,10 +46,13 @@ class RNNState:
     """Per-batch decoding state of `RNNSearch` (the counterpart of `KVCache`).
 
       state:    (B, H)      decoder state s_{i-1}
-      memory:   (B, S, 2H)  encoder annotations h_j
-      keys:     (B, S, A)   U_a h_j, the alignment model's source half, computed once
-      src_mask: (B, S) bool True at real source tokens (may attend)
+      memory:   (N, S, 2H)  encoder annotations h_j
+      keys:     (N, S, A)   U_a h_j, the alignment model's source half, computed once
+      src_mask: (N, S) bool True at real source tokens (may attend)
       length:   int         target positions decoded so far
+
+    N = B / g: the g consecutive rows of a sentence (its beams) share its source side, as in
+    `KVCache`.
     """
 
     state: Tensor
@@ -135,12 +138,14 @@ class RNNSearch(nn.Module):
                         src_mask=src_mask.to(torch.bool))
 
     def _attend(self, s: Tensor, cache: RNNState) -> tuple[Tensor, Tensor]:
-        """Additive attention of state s (B, H): context (B, 2H) and weights alpha (B, S)."""
-        q = self.query_proj(s)[:, None, :]  # (B, 1, A)
-        e = self.score(torch.tanh(cache.keys + q)).squeeze(-1)  # (B, S)
-        alpha = e.masked_fill(~cache.src_mask, float("-inf")).softmax(dim=-1)
-        c = torch.bmm(alpha[:, None, :], cache.memory).squeeze(1)  # (B, 2H)
-        return c, alpha
+        """Additive attention of state s (B, H): context (B, 2H) and weights alpha (B, S). The g
+        rows of a source sentence (`RNNState.group`) attend to its one copy of the source."""
+        b, n = s.size(0), cache.memory.size(0)
+        q = self.query_proj(s).view(n, b // n, 1, -1)  # (N, g, 1, A)
+        e = self.score(torch.tanh(cache.keys[:, None] + q)).squeeze(-1)  # (N, g, S)
+        alpha = e.masked_fill(~cache.src_mask[:, None], float("-inf")).softmax(dim=-1)
+        c = torch.bmm(alpha, cache.memory)  # (N, g, 2H)
+        return c.reshape(b, -1), alpha.reshape(b, -1)  # (B, 2H), (B, S)
 
     def _step(self, y: Tensor, cache: RNNState) -> tuple[Tensor, Tensor, Tensor]:
         """One recurrence step from embedded y_{i-1} (B, E): (s_i, c_i, alpha_i); advances cache."""
