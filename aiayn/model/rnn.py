@@ -65,6 +65,11 @@ class RNNState:
     def batch_size(self) -> int:
         return self.state.size(0)
 
+    @property
+    def group(self) -> int:
+        """g: consecutive rows that share one source row (1: a source row per row)."""
+        return self.batch_size // self.src_mask.size(0)
+
     def reorder(self, index: Tensor, cross_index: Tensor | None | bool = True) -> None:
         """Row i becomes row index[i], as `KVCache.reorder`: `cross_index` True moves the source
         side (memory, keys, mask) by `index` too, None leaves it (beams of one sentence share it),
@@ -140,8 +145,8 @@ class RNNSearch(nn.Module):
     def _attend(self, s: Tensor, cache: RNNState) -> tuple[Tensor, Tensor]:
         """Additive attention of state s (B, H): context (B, 2H) and weights alpha (B, S). The g
         rows of a source sentence (`RNNState.group`) attend to its one copy of the source."""
-        b, n = s.size(0), cache.memory.size(0)
-        q = self.query_proj(s).view(n, b // n, 1, -1)  # (N, g, 1, A)
+        b, g = s.size(0), cache.group
+        q = self.query_proj(s).view(b // g, g, 1, -1)  # (N, g, 1, A)
         e = self.score(torch.tanh(cache.keys[:, None] + q)).squeeze(-1)  # (N, g, S)
         alpha = e.masked_fill(~cache.src_mask[:, None], float("-inf")).softmax(dim=-1)
         c = torch.bmm(alpha, cache.memory)  # (N, g, 2H)
