@@ -43,7 +43,10 @@ def teacher_forced(model, src: list[int], tokens: list[int], steps: int) -> dict
     return w
 
 
-def test_decode_step_weights_equal_teacher_forced(model, sources):
+@pytest.mark.parametrize("unfused", [True, False], ids=["eq1-written-out", "fused-kernel"])
+def test_decode_step_weights_equal_teacher_forced(model, sources, unfused, monkeypatch):
+    # both attention kernels a decoding step may use (`attention.unfused_decoding` picks one)
+    monkeypatch.setattr("aiayn.model.layers.unfused_decoding", lambda q: unfused)
     src, mask = source_batch(sources)  # (B, S), padded
     b, t_len = src.size(0), 6
     tgt = torch.randint(4, VOCAB, (b, t_len), generator=torch.Generator().manual_seed(2))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
-from aiayn.decoding.common import next_token_logprobs, source_batch
+from aiayn.decoding.common import TOPK_BLOCK, next_token_logprobs, row_topk, source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -177,6 +177,55 @@ def test_current_length_early_stop_on_a_real_model_is_a_prefix_of_the_exact_sear
     assert counts["current"] <= counts["exact"]
     for e, c in zip(exact, current):
         assert c[0].score <= e[0].score + 1e-5
+
+
+@pytest.mark.parametrize("vocab", [8000, 40 * TOPK_BLOCK + 13, 50])
+def test_row_topk_equals_topk(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(37, vocab, generator=g)
+    x[:, :5] = float("-inf")  # banned tokens
+    x[3] = float("-inf")
+    x[3, -1] = 0.5  # a row with one finite value, in the partial last block
+    if vocab > 8 * TOPK_BLOCK:  # a row whose k best share one block
+        x[4, 7 * TOPK_BLOCK : 8 * TOPK_BLOCK] = 10 + torch.arange(TOPK_BLOCK, dtype=torch.float32)
+    for k in (1, 8):
+        values, cols = row_topk(x, k)
+        want_values, want_cols = x.topk(k, dim=1)
+        assert torch.equal(values, want_values)
+        finite = torch.isfinite(want_values)  # -inf ties may come from any column
+        assert torch.equal(cols[finite], want_cols[finite])
+        assert torch.equal(x.gather(1, cols), values)
+
+
+def test_row_topk_among_equal_values_returns_their_values():
+    x = torch.zeros(4, 3000)
+    x[:, 100] = 1.0
+    values, cols = row_topk(x, 8)
+    assert torch.equal(values, x.topk(8, dim=1).values)
+    assert (cols[:, 0] == 100).all() and torch.equal(x.gather(1, cols), values)
+    assert all(len(set(row)) == 8 for row in cols.tolist())
+
+
+def test_beam_search_on_a_large_vocabulary_equals_plain_topk(monkeypatch):
+    # Multi30k's vocabulary size: the search's top-k takes `row_topk`'s two rounds
+    torch.manual_seed(5)
+    model = Transformer(replace(MICRO, vocab_size=8000)).eval()
+    src, mask = source_batch([[(37 * i + 11 * j) % 7990 + 4 for j in range(2 + i % 4)] for i in range(6)])
+    fast = beam_search(model, src, mask, beam_size=4, nbest=4, max_len_b=6)
+    monkeypatch.setattr("aiayn.decoding.beam.row_topk", lambda x, k: x.topk(k, dim=1))
+    plain = beam_search(model, src, mask, beam_size=4, nbest=4, max_len_b=6)
+    assert [summary(h) for h in fast] == [summary(h) for h in plain]
+
+
+def test_first_step_decodes_one_row_per_sentence():
+    # the k beams start identical: step 1 decodes each sentence once, then k rows each
+    model = TableModel(TABLES)
+    rows = []
+    step = model.decode_step
+    model.decode_step = lambda tokens, cache: rows.append(tokens.size(0)) or step(tokens, cache)
+    src, mask = src_of(13, 13, 11)
+    beam_search(model, src, mask, beam_size=3, max_len_a=0.0, max_len_b=4)
+    assert rows[0] == 3 and rows[1] == 9
 
 
 def test_sentences_finishing_at_different_times_in_one_batch():

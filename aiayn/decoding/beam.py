@@ -55,6 +55,7 @@ from aiayn.decoding.common import (
     max_output_lengths,
     next_token_logprobs,
     resolve_mask,
+    row_topk,
     unflatten_attention,
 )
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
@@ -176,11 +177,12 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     bound_lp = length_penalty(max_lens.to(torch.float32), alpha)  # (B,) lp(L), the bound's divisor
 
     memory = model.encode(src, src_mask)
+    # The k beams of a sentence start identical, so the first step decodes one row per sentence
+    # (a quarter of that step's work at k = 4, and of its logits: the first step of the largest
+    # batch is decoding's peak memory); its reorder then expands each row to the k beams, which
+    # share the sentence's source side. `rows_per` is the rows each sentence has in the cache.
     cache = model.new_cache(memory, src_mask)
-    beams = torch.arange(n_sent, device=device).repeat_interleave(k)  # (B*k,) rows
-    cache.reorder(beams, cross_index=None)  # a sentence's k beams share its source side
-    if constraint is not None:
-        constraint.reorder(beams)
+    rows_per = 1
     w_shape = None  # (L', h', S) of the kept attention
     if attention is not None:
         w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))
@@ -196,26 +198,30 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
     raw[:, 0] = 0.0
     hist_tok = torch.zeros(n_sent, k, 0, dtype=torch.long, device=device)  # (n, k, t)
     hist_lp = torch.zeros(n_sent, k, 0, dtype=torch.float32, device=device)
-    last = torch.full((n_sent * k, 1), BOS_ID, dtype=torch.long, device=device)
+    last = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=device)
     t = 0
     while sent.numel():
         n = sent.numel()
         if attention is None:
-            logits = model.decode_step(last, cache)  # (n*k, V)
+            logits = model.decode_step(last, cache)  # (n*r, V), r = rows_per
         else:
             logits, weights = model.decode_step(last, cache, return_attention=True)
-            step_w = attention.select(weights["cross"]).reshape(n, k, 1, a_size)  # (n, k, 1, A)
+            step_w = attention.select(weights["cross"]).reshape(n, rows_per, 1, a_size)
+            step_w = step_w.expand(n, k, 1, a_size)  # (n, k, 1, A)
         vocab = logits.size(-1)
-        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*k, V) float32
-        left = (max_lens[sent] - t).repeat_interleave(k)  # (n*k,) steps this row may still take
-        logp = apply_constraint(logp, constraint, left)  # (n*k, V)
+        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*r, V) float32
+        left = (max_lens[sent] - t).repeat_interleave(rows_per)  # (n*r,) steps a row may take
+        logp = apply_constraint(logp, constraint, left)  # (n*r, V)
         n_cand = min(2 * k, k * vocab)
         # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
         # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
         # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
         # (n, k * V), without adding raw to all V log-probs of every row.
         c = min(n_cand, vocab)
-        beam_lp, beam_tok = logp.topk(c, dim=1)  # (n*k, c)
+        beam_lp, beam_tok = row_topk(logp, c)  # (n*r, c)
+        if rows_per < k:  # the first step's row stands for the k identical beams (raw -inf but 0)
+            beam_lp = beam_lp.repeat_interleave(k, dim=0)  # (n*k, c)
+            beam_tok = beam_tok.repeat_interleave(k, dim=0)
         cand_raw = (raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
         top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
         top_beam = pos // c
@@ -286,8 +292,11 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         # The k beams of a sentence share its cross-attention keys/values (stored once), so
         # those move only when sentences leave the batch.
         cross = keep if keep.numel() != n else None  # (m,)
-        rows = (keep[:, None] * k + beam).view(-1)  # (m*k,)
+        # At the first step every beam's parent is its sentence's one row (beams other than 0
+        # are dead there: raw -inf, their state unused).
+        rows = (keep[:, None] * rows_per + beam.clamp(max=rows_per - 1)).view(-1)  # (m*k,)
         cache.reorder(rows, cross_index=cross)
+        rows_per = k
         if constraint is not None:
             constraint.reorder(rows)
             constraint.advance(live_tok.reshape(-1))

@@ -151,6 +151,36 @@ def ban_early_eos(logp: Tensor, step: int, min_len: int) -> Tensor:
     return logp
 
 
+# Columns per block of `row_topk`: a block's maximum is one vectorised reduction over it
+TOPK_BLOCK = 64
+
+
+def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest values of each row of x (N, V) and their columns, best first: what
+    `x.topk(k, dim=1)` returns, found in two rounds because PyTorch's CPU top-k copies every row
+    into (value, index) pairs and heap-sorts them, about 2.5 ns an element, where beam search asks
+    for the 2k best of a whole vocabulary per row at every step. The row is cut into blocks of
+    `TOPK_BLOCK` columns; the k largest values lie in the k blocks with the largest maxima (a
+    value outside them is beaten by the maximum of each of those k blocks), so one maximum per
+    block, a top-k of those, and a top-k of the k blocks' columns find them: 2.2x faster on
+    (1,200, 8,000) float32 on a 2-core Xeon (docs/experiments/decoding.md). The same values as
+    `topk`; among exactly equal values the columns may differ, as `topk` leaves their order
+    unspecified too. Small rows go straight to `topk`."""
+    n, v = x.shape
+    b = TOPK_BLOCK
+    blocks = v // b
+    if blocks < 4 * k or x.device.type != "cpu":
+        return x.topk(k, dim=1)
+    block_max = x[:, : blocks * b].view(n, blocks, b).amax(dim=2)  # (N, blocks)
+    best = block_max.topk(k, dim=1).indices  # (N, k)
+    cols = (best[:, :, None] * b + torch.arange(b, device=x.device)).view(n, k * b)  # (N, k b)
+    if blocks * b < v:  # the last, partial block is always searched
+        tail = torch.arange(blocks * b, v, device=x.device).expand(n, -1)  # (N, v - blocks b)
+        cols = torch.cat([cols, tail], dim=1)
+    values, pos = x.gather(1, cols).topk(k, dim=1)  # (N, k)
+    return values, cols.gather(1, pos)
+
+
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, Eq. 14); |Y| counts
     EOS. alpha = 0 gives 1 (plain log-probability); larger alpha favours longer outputs."""

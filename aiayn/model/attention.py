@@ -70,6 +70,15 @@ def decoding_kernels(device: torch.device):
     return sdpa_kernel(_NO_CUDNN) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def unfused_decoding(q: Tensor) -> bool:
+    """Whether a decoding step attends with Eq. 1 written out (`explicit_attention`) instead of
+    the fused kernel: on CPU in float32, where the fused (flash) kernel's blocking costs more than
+    it saves for the one query per row of a decoding step (its keys are the few positions decoded
+    so far, or a sentence's source for its k beams): 25-35% less time per call at Multi30k's
+    decoding shapes (docs/experiments/decoding.md). The fused kernel everywhere else (GPU, bf16)."""
+    return q.device.type == "cpu" and q.dtype == torch.float32
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
     (§3.2.2). d_k and d_v are independent of d_model / h (Table 3 rows A, B).

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.model.attention import MultiHeadAttention, attention_weights
+from aiayn.model.attention import MultiHeadAttention, attention_weights, unfused_decoding
 from aiayn.model.banded import Band
 from aiayn.model.cache import KVCache
 from aiayn.model.dropout import dropout
@@ -93,13 +93,18 @@ class DecoderLayer(nn.Module):
         """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache and
         attends to every position the cache returns (with restricted attention, the window).
         With `need_weights` also returns the self-attention (B, h, 1, n) weights over the n
-        cached positions and the cross-attention (B, h, 1, S) weights, computed beside the fused
-        kernel (Eq. 1 again from the same q and k), so the outputs stay bit-identical to a step
-        without weights."""
+        cached positions and the cross-attention (B, h, 1, S) weights. Where the step attends
+        with Eq. 1 written out (`unfused_decoding`: CPU, float32) they are that path's own;
+        elsewhere they are computed beside the fused kernel (Eq. 1 again from the same q and k).
+        Either way the outputs stay bit-identical to a step without weights."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
         k_all, v_all = cache.append(layer, k, v)  # (B, h, n, d_k), (B, h, n, d_v), n <= t+1
-        a, _ = self.self_attn.attend(q, k_all, v_all, None)
-        w_self = attention_weights(q, k_all) if need_weights else None
+        explicit = unfused_decoding(q)
+        a, w_self = self.self_attn.attend(q, k_all, v_all, None, need_weights=explicit)
+        if not need_weights:
+            w_self = None
+        elif w_self is None:
+            w_self = attention_weights(q, k_all)
         y = self.res_self.out(y, a)
         q = self.cross_attn.project_q(self.res_cross.inp(y))  # (B, h, 1, d_k)
         b, h, g = q.size(0), q.size(1), cache.group
@@ -107,11 +112,13 @@ class DecoderLayer(nn.Module):
         # the cache holds once: (N, h, g, d_k)
         q = q.reshape(b // g, g, h, q.size(-1)).transpose(1, 2)
         cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
-        a, _ = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask)
+        a, w = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask,
+                                      need_weights=explicit)
         a = a.reshape(b, 1, a.size(-1))  # (N, g, d_model) -> (B, 1, d_model)
         w_cross = None
         if need_weights:
-            w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
+            if w is None:
+                w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
             w_cross = w.transpose(1, 2).reshape(b, h, 1, w.size(-1))  # (B, h, 1, S)
         y = self.res_cross.out(y, a)
         return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
