@@ -178,9 +178,8 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
 
     memory = model.encode(src, src_mask)
     # The k beams of a sentence start identical, so the first step decodes one row per sentence
-    # (a quarter of that step's work at k = 4, and of its logits: the first step of the largest
-    # batch is decoding's peak memory); its reorder then expands each row to the k beams, which
-    # share the sentence's source side. `rows_per` is the rows each sentence has in the cache.
+    # (a quarter of that step's work at k = 4); its reorder then expands each row to the k beams,
+    # which share the sentence's source side. `rows_per` is the rows each sentence has in the cache.
     cache = model.new_cache(memory, src_mask)
     rows_per = 1
     w_shape = None  # (L', h', S) of the kept attention
