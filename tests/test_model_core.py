@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aiayn import Transformer
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MATH_MAX_KEYS_FP32, MultiHeadAttention, unfused_training
 from aiayn.model.embedding import sinusoidal_table
 
 from helpers import MICRO
@@ -79,6 +79,45 @@ def independent_attention(mha, x, mem, key_ok):
             heads.append(torch.stack(rows))
         expected[b] = mha.out_proj(torch.cat(heads, dim=-1))
     return expected
+
+
+def test_training_kernel_choice_follows_key_length_and_grad_mode():
+    q = torch.randn(2, 2, 5, 4)
+    short, long_ = torch.randn(2, 2, MATH_MAX_KEYS_FP32, 4), torch.randn(2, 2, MATH_MAX_KEYS_FP32 + 1, 4)
+    assert unfused_training(q, short) and not unfused_training(q, long_)
+    with torch.no_grad():  # decoding and evaluation keep PyTorch's choice
+        assert not unfused_training(q, short)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert unfused_training(q, long_)
+
+
+@pytest.mark.parametrize("s", [9, MATH_MAX_KEYS_FP32 + 3])
+def test_training_attention_gradients_equal_the_fused_kernels(s, monkeypatch):
+    """The kernel `attend` picks for a float32 CPU training step (unfused at short keys) gives the
+    forward and gradients of PyTorch's own choice (the fused flash kernel on CPU)."""
+    import aiayn.model.attention as attention
+
+    cfg = replace(MICRO, d_model=16, n_heads=2)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(cfg, self_attention=False)
+    x, mem = torch.randn(3, 6, 16), torch.randn(3, s, 16)
+    key_ok = torch.ones(3, s, dtype=torch.bool)
+    key_ok[1, s // 2:] = False
+
+    def run():
+        mha.zero_grad()
+        q = mha.project_q(x)
+        k, v = mha.project_kv(mem)
+        out, _ = mha.attend(q, k, v, key_ok[:, None, None, :])
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return out.detach(), [p.grad.clone() for p in mha.parameters()]
+
+    out_a, grads_a = run()
+    monkeypatch.setattr(attention, "unfused_training", lambda q, k: False)
+    out_b, grads_b = run()
+    torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-6)
+    for ga, gb in zip(grads_a, grads_b):
+        torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -48,15 +48,28 @@ _MATH_ONLY = [SDPBackend.MATH]
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def _backend_for(q: Tensor):
-    """On CPU, training in bf16, PyTorch's fused (flash) kernel has a slow backward for the short
-    sequences of translation batches (measured 1.6x slower per training step than the unfused
-    math kernel here); everywhere else the default choice is faster."""
+# Longest key sequence for which the unfused (math) kernel trains faster on a CPU in float32.
+# Measured forward + backward on a 2-core Xeon Skylake-SP (docs/experiments/performance.md):
+# 1.4-1.8x faster than the flash kernel at 9-35 keys (G2P words, Multi30k sentences), 1.5x at
+# 128, even at 64, and 1.7x slower at 256, where the (B, h, T, S) weights stop fitting in cache.
+MATH_MAX_KEYS_FP32 = 128
+
+
+def unfused_training(q: Tensor, k: Tensor) -> bool:
+    """Whether a training step's attention (gradients on, CPU) uses PyTorch's unfused math kernel
+    instead of its fused (flash) one: the flash kernel's blocking and its backward's recomputation
+    cost more than they save for the short sequences of translation batches. Always in bf16
+    (measured 1.6x slower per training step fused than unfused); in float32 up to
+    `MATH_MAX_KEYS_FP32` keys. Same mathematics, rounding aside."""
+    if q.device.type != "cpu" or not torch.is_grad_enabled():
+        return False
     bf16 = q.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
                                          and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-    if q.device.type == "cpu" and bf16 and torch.is_grad_enabled():
-        return sdpa_kernel(_MATH_ONLY)
-    return contextlib.nullcontext()
+    return bf16 or k.size(-2) <= MATH_MAX_KEYS_FP32
+
+
+def _backend_for(q: Tensor, k: Tensor):
+    return sdpa_kernel(_MATH_ONLY) if unfused_training(q, k) else contextlib.nullcontext()
 
 
 def decoding_kernels(device: torch.device):
@@ -138,7 +151,7 @@ class MultiHeadAttention(nn.Module):
                 mask = causal_mask(q.size(-2), q.device)
             out, w = explicit_attention(q, k, v, mask, p)
         else:
-            with _backend_for(q):
+            with _backend_for(q, k):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                      is_causal=is_causal and mask is None)
             w = None
