@@ -1,17 +1,24 @@
 """What each CPU fast path of the training step buys, measured in one run on the same batches.
 
 Variants, each a full update (forward, label-smoothed loss, backward, Adam) of one preset:
-  reference   torch's F.dropout and the textbook loss (float32 log-softmax over (N, V), gather,
-              mean): what the step cost before the fast paths;
+  reference   torch's F.dropout, the textbook loss (float32 log-softmax over (N, V), gather,
+              mean) and PyTorch's own attention kernel choice: what the step cost before the
+              fast paths;
   +dropout    aiayn's dropout mask from 64-bit random words (aiayn/model/dropout.py);
-  +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py): the
-              default step, what `aiayn train` runs.
-Variants alternate step by step (reference, +dropout, +loss, reference, ...), so drift of the
+  +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py);
+  +attention  ...and aiayn's attention kernel choice for CPU training (the unfused kernel for
+              short keys, aiayn/model/attention.py `unfused_training`): the default step, what
+              `aiayn train` runs.
+Variants alternate step by step (reference, +dropout, +loss, +attention, reference, ...), so drift of the
 machine's speed hits them alike; each gets the same batches and the same starting weights. Prints
 target tokens/s per variant and the ratio to the reference.
 
     .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset multi30k
-    .venv/bin/python benchmarks/bench_step.py --preset multi30k --precision fp32   # synthetic batches
+    .venv/bin/python benchmarks/bench_step.py --preset translation-small-v2 --precision fp32  # synthetic
+    .venv/bin/python benchmarks/bench_step.py --data runs/g2p/data --preset g2p-small  # the demo's task
+
+Run it as a script: like `aiayn train`, it applies aiayn's memory settings and restarts itself once
+with mimalloc preloaded (aiayn/memory.py), so the step is timed under the allocator training uses.
 """
 
 from __future__ import annotations
@@ -25,13 +32,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aiayn.memory import allocator_in_use, restart_with_allocator, tune_memory  # noqa: E402
+
+if __name__ == "__main__":  # as `aiayn train` runs, before torch loads
+    restart_with_allocator([sys.executable, *sys.argv])
+    tune_memory()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from bench_batching import SyntheticDataset  # noqa: E402
 
+import aiayn.model.attention as attention_module  # noqa: E402
 import aiayn.model.layers as layers_module  # noqa: E402
 import aiayn.model.transformer as transformer_module  # noqa: E402
 import aiayn.training.seq2seq as seq2seq_module  # noqa: E402
@@ -62,18 +75,29 @@ def torch_dropout(x, p, training):
     return F.dropout(x, p, training)
 
 
+def pytorch_kernel_choice(q, k) -> bool:
+    """PyTorch's own attention kernel everywhere (its fused flash kernel on CPU), except where
+    aiayn chose the unfused one before `+attention` (bf16 training, measured 1.6x slower fused)."""
+    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return q.device.type == "cpu" and torch.is_grad_enabled() and (bf16 or q.dtype == torch.bfloat16)
+
+
 @contextlib.contextmanager
 def variant(name: str):
     """Swap the fast paths for the reference ones where the model and updater look them up."""
-    saved = (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss)
+    saved = (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
+             attention_module.unfused_training)
     if name == "reference":
         layers_module.dropout = transformer_module.dropout = torch_dropout
     if name in ("reference", "+dropout"):
         seq2seq_module.label_smoothed_loss = textbook_loss
+    if name != "+attention":
+        attention_module.unfused_training = pytorch_kernel_choice
     try:
         yield
     finally:
-        layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss = saved
+        (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
+         attention_module.unfused_training) = saved
 
 
 def main() -> int:
@@ -82,6 +106,7 @@ def main() -> int:
     p.add_argument("--data", help="a dataset made by aiayn prepare (default: synthetic Multi30k-like)")
     p.add_argument("--preset", default="translation-small")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant (default 20)")
     p.add_argument("--warmup", type=int, default=3)
@@ -93,15 +118,15 @@ def main() -> int:
         from aiayn.data.dataset import ParallelDataset
 
         ds = ParallelDataset(args.data, "train")
-        vocab = ds.info.manifest["vocab"]["src"]["size"]
+        cfg = ds.info.model_config(get_preset(args.preset))  # its vocabularies, shared or not
     else:
-        vocab = 8000
-        ds = SyntheticDataset(29000, 10, 40, vocab, seed=0)
-    cfg = replace(get_preset(args.preset), vocab_size=vocab)
+        ds = SyntheticDataset(29000, 10, 40, 8000, seed=0)
+        cfg = replace(get_preset(args.preset), vocab_size=8000)
+    cfg = cfg.with_overrides(args.set)
     sampler = TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, args.max_tokens, seed=1)
     batches = [collate(ds, b) for b in sampler.epoch_batches(0)[: args.warmup + args.steps]]
 
-    names = ["reference", "+dropout", "+loss"]
+    names = ["reference", "+dropout", "+loss", "+attention"]
     torch.manual_seed(1)
     base = Transformer(cfg)
     prec = Precision(args.precision, torch.device("cpu"))
@@ -121,15 +146,19 @@ def main() -> int:
                 times[name].append(dt)
         if i >= args.warmup:
             tokens += b.n_tgt_tokens
-    print(f"preset {args.preset}, {prec.name}, {args.threads} threads, {len(times['reference'])} steps "
-          f"of ~{args.max_tokens} tokens ({'data ' + args.data if args.data else 'synthetic'})")
+    deltas = f" --set {' '.join(args.set)}" if args.set else ""
+    print(f"preset {args.preset}{deltas}, {prec.name}, {args.threads} threads, {len(times['reference'])} steps "
+          f"of ~{args.max_tokens} tokens ({'data ' + args.data if args.data else 'synthetic'}), "
+          f"{allocator_in_use()}")
     ref = sum(times["reference"])
-    print("| variant | target tok/s | median step (ms) | speed-up vs reference |")
-    print("|---|---|---|---|")
+    print("| variant | target tok/s | median step (ms) | speed-up vs reference | vs the row above |")
+    print("|---|---|---|---|---|")
+    above = ref
     for name in names:
         total = sum(times[name])
         print(f"| {name} | {tokens / total:,.0f} | {statistics.median(times[name]) * 1000:.0f} | "
-              f"{ref / total:.2f}x |")
+              f"{ref / total:.2f}x | {above / total:.2f}x |")
+        above = total
     return 0
 
 

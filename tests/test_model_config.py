@@ -69,6 +69,8 @@ CURRENT_FIELDS = {
     "translation-small": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
     "translation-small-rnn": dict(arch="rnn", rnn_emb=256, rnn_hidden=256, rnn_attn=256, p_drop=0.3,
                                   warmup_steps=200, max_tokens=4096, lr_cooldown=0.2),
+    "g2p-small-v2": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
+                         max_tokens=4000, max_len_b=10, lr_cooldown=0.2, norm="pre", p_drop=0.0),
     "g2p-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
                       max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
     "parsing-seq2seq-small": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", default="runs/g2p-demo", metavar="DIR",
                    help="work directory (default runs/g2p-demo)")
-    p.add_argument("--preset", default="g2p-small", help="model preset (default g2p-small)")
+    p.add_argument("--preset", default="g2p-small-v2", help="model preset (default g2p-small-v2)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
     p.add_argument("--time-budget", type=float, default=7.5, metavar="MINUTES",
                    help="training time budget in minutes (default 7.5: the whole demo stays "
