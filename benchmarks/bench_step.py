@@ -9,13 +9,13 @@ Variants, each a full update (forward, label-smoothed loss, backward, Adam) of o
   +attention  ...and aiayn's attention kernel choice for CPU training (the unfused kernel for
               short keys, aiayn/model/attention.py `unfused_training`): the default step, what
               `aiayn train` runs.
-Variants alternate step by step (reference, +dropout, +loss, +attention, reference, ...), so drift of the
-machine's speed hits them alike; each gets the same batches and the same starting weights. Prints
-target tokens/s per variant and the ratio to the reference.
+Variants alternate step by step (reference, +dropout, +loss, +attention, reference, ...), so
+drift of the machine's speed hits them alike; each gets the same batches and the same starting
+weights. Prints target tokens/s per variant and the ratios to the reference and to the row above.
 
-    .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset multi30k
+    .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset translation-small
     .venv/bin/python benchmarks/bench_step.py --preset translation-small-v2 --precision fp32  # synthetic
-    .venv/bin/python benchmarks/bench_step.py --data runs/g2p/data --preset g2p-small  # the demo's task
+    .venv/bin/python benchmarks/bench_step.py --data runs/g2p-demo/data --preset g2p-small-v2  # the demo's
 
 Run it as a script: like `aiayn train`, it applies aiayn's memory settings and restarts itself once
 with mimalloc preloaded (aiayn/memory.py), so the step is timed under the allocator training uses.

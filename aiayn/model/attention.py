@@ -50,8 +50,8 @@ _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBack
 
 # Longest key sequence for which the unfused (math) kernel trains faster on a CPU in float32.
 # Measured forward + backward on a 2-core Xeon Skylake-SP (docs/experiments/performance.md):
-# 1.4-1.8x faster than the flash kernel at 9-35 keys (G2P words, Multi30k sentences), 1.5x at
-# 128, even at 64, and 1.7x slower at 256, where the (B, h, T, S) weights stop fitting in cache.
+# 1.4-1.8x faster than the flash kernel at 9-35 keys (G2P words, Multi30k sentences), about even
+# at 64, 1.5x faster at 128 and 1.7x slower at 256, where the (B, h, T, S) weights outgrow cache.
 MATH_MAX_KEYS_FP32 = 128
 
 
