@@ -75,29 +75,22 @@ def torch_dropout(x, p, training):
     return F.dropout(x, p, training)
 
 
-def pytorch_kernel_choice(q, k) -> bool:
-    """PyTorch's own attention kernel everywhere (its fused flash kernel on CPU), except where
-    aiayn chose the unfused one before `+attention` (bf16 training, measured 1.6x slower fused)."""
-    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    return q.device.type == "cpu" and torch.is_grad_enabled() and (bf16 or q.dtype == torch.bfloat16)
-
-
 @contextlib.contextmanager
 def variant(name: str):
     """Swap the fast paths for the reference ones where the model and updater look them up."""
     saved = (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
-             attention_module.unfused_training)
+             attention_module.MATH_MAX_KEYS_FP32)
     if name == "reference":
         layers_module.dropout = transformer_module.dropout = torch_dropout
     if name in ("reference", "+dropout"):
         seq2seq_module.label_smoothed_loss = textbook_loss
-    if name != "+attention":
-        attention_module.unfused_training = pytorch_kernel_choice
+    if name != "+attention":  # float32: PyTorch's own (flash) kernel at every length; bf16 as before
+        attention_module.MATH_MAX_KEYS_FP32 = 0
     try:
         yield
     finally:
         (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
-         attention_module.unfused_training) = saved
+         attention_module.MATH_MAX_KEYS_FP32) = saved
 
 
 def main() -> int:
