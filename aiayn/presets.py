@@ -32,6 +32,7 @@ CURRENT: dict[str, dict[str, str]] = {
                          "pre-norm, no dropout"),
         "g2p-small": ("the earlier demo recipe (post-norm, dropout 0.1): chosen on a Xeon with AMX, "
                       "where v2 is not measured yet"),
+        "g2p-small-rnn": "the RNN encoder-decoder baseline (Table 1's comparison) for the same data",
     },
     "parsing": {
         "parsing-chart-small": "the span-based chart parser (not in the paper) on the WSJ sample, on a CPU",

@@ -1,15 +1,19 @@
 """Validation BLEU against training wall-clock time: every checkpoint of each run translated and
 scored, the runs drawn on one plot, and how soon the first run reaches the last run's final BLEU.
+With --g2p, the same for the demo's word error rate (lower is better) on its validation words.
 Also, with --align, the alignment picture: one sentence's attention weights of two models side by
 side (the RNN's additive attention, the Transformer's cross-attention averaged over heads).
 
     .venv/bin/python benchmarks/bleu_vs_time.py \\
         --data runs/multi30k-en-de/data --run Transformer=RUN_A --run RNN=RUN_B \\
         --out docs/rnn-vs-transformer
+    .venv/bin/python benchmarks/bleu_vs_time.py --g2p runs/g2p-demo/corpus \\
+        --run Transformer=runs/g2p-demo/run --run RNN=RUN_B --out docs/x
     .venv/bin/python benchmarks/bleu_vs_time.py --data DATA --out docs/x \\
         --align RNN=MODEL_DIR --align Transformer=MODEL_DIR --sentence 3
 
-RUN is a run directory of `aiayn train` (keep every checkpoint: `--save-minutes 2 --keep 40`).
+RUN is a run directory of `aiayn train` (keep every checkpoint: `--save-minutes 2 --keep 40`;
+for the demo, `aiayn demo --keep 30` keeps all of its 30).
 With --from-metrics nothing is translated: the points are the run's own dev evaluations
 (metrics.jsonl's `dev_bleu`: greedy sacreBLEU on the first `--eval-bleu-sentences` val
 sentences, every `--eval-every` updates), for runs that kept few checkpoints.
@@ -46,23 +50,39 @@ def elapsed_at(run: Path, steps: list[int]) -> list[float]:
     return [float(np.interp(s, xs, ys)) for s in steps]
 
 
-def score_checkpoint(model_dir: Path, sources: list[str], refs: list[str], beam: int | None) -> float:
+def score_checkpoint(model_dir: Path, sources: list[str], refs: list, beam: int | None,
+                     metric: str = "bleu") -> float:
+    """sacreBLEU (refs: one string per source), or word error rate in % (refs: each word's list of
+    dictionary pronunciations)."""
     from aiayn.decoding.translate import Translator
+    from aiayn.evaluation.g2p import word_error_rate
     from aiayn.evaluation.sacre import sacre_bleu
     from aiayn.model.io import load_model
 
     tr = Translator(load_model(model_dir), greedy=beam is None, beam_size=beam)
-    return sacre_bleu(tr.translate(sources), refs).score
+    hyps = tr.translate(sources)
+    return 100 * word_error_rate(hyps, refs) if metric == "wer" else sacre_bleu(hyps, refs).score
 
 
-def score_runs(runs: dict[str, Path], data: Path, cache: dict, beam: int | None, limit: int | None
-               ) -> dict:
+def validation(data: Path | None, g2p: Path | None, limit: int | None) -> tuple[list[str], list]:
+    """The validation sources and references: a prepared dataset's, or the demo corpus's words
+    with all their pronunciations."""
+    if g2p is not None:
+        from aiayn.recipes.cmudict_data import read_refs
+
+        sources = (g2p / "valid.src").read_text(encoding="utf-8").splitlines()
+        return sources[:limit], read_refs(g2p / "valid.refs")[:limit]
+    assert data is not None
+    return ((data / "valid.src.txt").read_text(encoding="utf-8").splitlines()[:limit],
+            (data / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()[:limit])
+
+
+def score_runs(runs: dict[str, Path], sources: list[str], refs: list, cache: dict,
+               beam: int | None, metric: str = "bleu") -> dict:
     from tqdm import tqdm
 
     from aiayn.training.checkpoint import list_checkpoints
 
-    sources = (data / "valid.src.txt").read_text(encoding="utf-8").splitlines()[:limit]
-    refs = (data / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()[:limit]
     for label, run in runs.items():
         entry = cache.setdefault(label, {"run": str(run), "points": {}})
         if entry["run"] != str(run):
@@ -70,9 +90,9 @@ def score_runs(runs: dict[str, Path], data: Path, cache: dict, beam: int | None,
         ckpts = list_checkpoints(run)
         walls = elapsed_at(run, [s for s, _ in ckpts])
         for (step, d), wall in tqdm(list(zip(ckpts, walls)), desc=label, file=sys.stderr):
-            if str(step) not in entry["points"]:
-                entry["points"][str(step)] = {"wall_s": wall,
-                                              "bleu": score_checkpoint(d, sources, refs, beam)}
+            if metric not in entry["points"].get(str(step), {}):
+                entry["points"][str(step)] = {
+                    "wall_s": wall, metric: score_checkpoint(d, sources, refs, beam, metric)}
     return cache
 
 
@@ -89,9 +109,9 @@ def metrics_runs(runs: dict[str, Path]) -> dict:
     return cache
 
 
-def curve(entry: dict) -> tuple[list[float], list[float]]:
+def curve(entry: dict, metric: str = "bleu") -> tuple[list[float], list[float]]:
     pts = sorted(entry["points"].values(), key=lambda p: p["wall_s"])
-    return [p["wall_s"] for p in pts], [p["bleu"] for p in pts]
+    return [p["wall_s"] for p in pts], [p[metric] for p in pts]
 
 
 def first_reaching(walls: list[float], bleus: list[float], target: float) -> float | None:
@@ -105,17 +125,19 @@ def first_reaching(walls: list[float], bleus: list[float], target: float) -> flo
     return None
 
 
-def summary(cache: dict, fast: str, slow: str) -> dict:
-    """When `fast` first reaches `slow`'s final validation BLEU, and that time over `slow`'s."""
-    fw, fb = curve(cache[fast])
-    sw, sb = curve(cache[slow])
-    t = first_reaching(fw, fb, sb[-1])
-    return {"target_bleu": sb[-1], "slow_wall_s": sw[-1], "fast_reaches_at_s": t,
+def summary(cache: dict, fast: str, slow: str, metric: str = "bleu") -> dict:
+    """When `fast` first reaches `slow`'s final validation score (BLEU, or a word error rate as
+    low), and that time over `slow`'s."""
+    sign = -1 if metric == "wer" else 1  # lower is better
+    fw, fb = curve(cache[fast], metric)
+    sw, sb = curve(cache[slow], metric)
+    t = first_reaching(fw, [sign * b for b in fb], sign * sb[-1])
+    return {f"target_{metric}": sb[-1], "slow_wall_s": sw[-1], "fast_reaches_at_s": t,
             "ratio": None if t is None else t / sw[-1]}
 
 
 def plot(cache: dict, path: Path, title: str, comparison: dict | None,
-         ylabel: str = "validation sacreBLEU") -> None:
+         ylabel: str = "validation sacreBLEU", metric: str = "bleu") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,10 +145,10 @@ def plot(cache: dict, path: Path, title: str, comparison: dict | None,
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, entry in cache.items():
-        w, b = curve(entry)
+        w, b = curve(entry, metric)
         ax.plot([x / 60 for x in w], b, marker="o", ms=3, label=label)
     if comparison and comparison["fast_reaches_at_s"] is not None:
-        ax.axhline(comparison["target_bleu"], color="grey", lw=0.8, ls=":")
+        ax.axhline(comparison[f"target_{metric}"], color="grey", lw=0.8, ls=":")
         ax.axvline(comparison["fast_reaches_at_s"] / 60, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("training wall-clock time (minutes)")
     ax.set_ylabel(ylabel)
@@ -190,7 +212,10 @@ def _pairs(items: list[str]) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, required=True, help="prepared dataset (valid.src.txt, ...)")
+    p.add_argument("--data", type=Path, help="prepared dataset (valid.src.txt, ...)")
+    p.add_argument("--g2p", type=Path, metavar="CORPUS", help="instead of --data: the demo's corpus "
+                   "directory (`aiayn demo --out D` writes D/corpus); scores word error rate on its "
+                   "validation words")
     p.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR; the first is the "
                    "fast one, the last the one whose final BLEU it must reach")
     p.add_argument("--out", type=Path, required=True, help="output prefix (OUT.json, OUT.png)")
@@ -203,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentence", type=int, default=0, help="--align: the sentence's index")
     p.add_argument("--align-split", default="test", help="--align: the split it is from")
     args = p.parse_args(argv)
+    if (args.data is None) == (args.g2p is None):
+        p.error("give one of --data and --g2p")
+    if args.g2p is not None and (args.align or args.from_metrics):
+        p.error("--g2p scores checkpoints; --align and --from-metrics need --data")
+    metric = "wer" if args.g2p is not None else "bleu"
     if args.align:
         split = args.align_split
         src = (args.data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()[args.sentence]
@@ -216,17 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_metrics:
         cache = metrics_runs(runs)
     else:
-        cache = score_runs(runs, args.data, {k: v for k, v in cache.items() if k in runs},
-                           args.beam, args.sentences)
+        sources, refs = validation(args.data, args.g2p, args.sentences)
+        cache = score_runs(runs, sources, refs, {k: v for k, v in cache.items() if k in runs},
+                           args.beam, metric)
     labels = list(runs)
-    comparison = summary(cache, labels[0], labels[-1]) if len(labels) > 1 else None
+    comparison = summary(cache, labels[0], labels[-1], metric) if len(labels) > 1 else None
     with atomic_write(out_json) as f:
         json.dump({**cache, **({"comparison": comparison} if comparison else {})}, f, indent=1)
-    ylabel = "validation sacreBLEU" + (" (greedy)" if args.beam is None else f" (beam {args.beam})")
+    ylabel = ("validation word error rate, %" if metric == "wer" else "validation sacreBLEU") + \
+        (" (greedy)" if args.beam is None else f" (beam {args.beam})")
     if args.from_metrics:
         n = {p.get("sentences") for e in cache.values() for p in e["points"].values()}
         ylabel = f"validation sacreBLEU (greedy, first {'/'.join(map(str, sorted(n)))} sentences)"
-    plot({k: cache[k] for k in labels}, Path(f"{args.out}.png"), args.title, comparison, ylabel)
+    plot({k: cache[k] for k in labels}, Path(f"{args.out}.png"), args.title, comparison, ylabel,
+         metric)
     if comparison:
         print(json.dumps(comparison, indent=1))
     return 0

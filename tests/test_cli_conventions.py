@@ -160,6 +160,7 @@ def test_train_chart_is_retired_with_its_successor(capsys):
      "aiayn translate runs in auto, fp32, bf16, int8"),
     (["parse", "--model", "{tmp}/m", "--precision", "fp16"], "aiayn parse runs in"),
     (["demo", "--out", "{tmp}/g", "--precision", "int8"], "aiayn demo runs in"),
+    (["demo", "--out", "{tmp}/g", "--keep", "0"], "--keep must be >= 1, got 0"),
     (["evaluate", "--ref", "{tmp}/r", "--hyp", "{tmp}/r", "--lang", "de", "--precision", "bf16"],
      "--precision: these run --model's perplexity"),
     (["evaluate", "--ref", "{tmp}/r", "--src", "{tmp}/r", "--model", "{tmp}/m", "--lang", "de"],

@@ -73,6 +73,8 @@ CURRENT_FIELDS = {
                          max_tokens=4000, max_len_b=10, lr_cooldown=0.2, norm="pre", p_drop=0.0),
     "g2p-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
                       max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
+    "g2p-small-rnn": dict(arch="rnn", rnn_emb=128, rnn_hidden=256, rnn_attn=256, p_drop=0.1,
+                          warmup_steps=200, max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
     "parsing-seq2seq-small": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,
                                   p_word_drop=0.1, norm="pre", warmup_steps=500, max_tokens=2048,
                                   lr_cooldown=0.2),

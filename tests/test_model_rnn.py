@@ -229,6 +229,42 @@ def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0 and (tmp_path / "curve-align.png").exists()
 
 
+def test_word_error_rate_against_time(rnn_run, tmp_path):
+    """--g2p's metric: a checkpoint's greedy outputs scored as words against their references
+    (lower is better, so the comparison looks for the first time at or below the target), and
+    the demo corpus's validation words read with all their pronunciations."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bleu_vs_time
+
+    from aiayn.decoding.translate import Translator
+    from aiayn.model.io import load_model
+    from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
+    from aiayn.training.checkpoint import list_checkpoints
+
+    data, run, _ = rnn_run
+    last = list_checkpoints(run)[-1][1]
+    srcs, refs = bleu_vs_time.validation(data, None, 20)
+    wer = bleu_vs_time.score_checkpoint(last, srcs, [[r] for r in refs], None, "wer")
+    hyps = Translator(load_model(last), greedy=True).translate(srcs)
+    assert wer == 100 * sum(h.split() != r.split() for h, r in zip(hyps, refs)) / 20
+    assert 0 < wer < 100  # the toy run gets some right, not all
+
+    cache = {"A": {"points": {"1": {"wall_s": 60.0, "wer": 50.0}, "2": {"wall_s": 120.0, "wer": 30.0}}},
+             "B": {"points": {"1": {"wall_s": 100.0, "wer": 60.0}, "2": {"wall_s": 200.0, "wer": 40.0}}}}
+    got = bleu_vs_time.summary(cache, "A", "B", "wer")
+    assert got == {"target_wer": 40.0, "slow_wall_s": 200.0, "fast_reaches_at_s": 90.0, "ratio": 0.45}
+    assert bleu_vs_time.summary(cache, "B", "A", "wer")["fast_reaches_at_s"] is None
+
+    corpus = tmp_path / "corpus"
+    write_g2p_corpus(corpus, seed=1, n_valid=15, n_test=5, max_train_words=50)
+    words, prons = bleu_vs_time.validation(None, corpus, None)
+    assert len(words) == 15 and prons == read_refs(corpus / "valid.refs")
+    assert all(isinstance(r, list) and r for r in prons)
+
+
 def test_first_reaching_interpolates():
     import sys
     from pathlib import Path

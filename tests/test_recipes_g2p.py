@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aiayn.recipes.cmudict_data import load_cmudict, read_refs, split_words, write_g2p_corpus
 
 
@@ -67,3 +69,26 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     r2 = subprocess.run(again, capture_output=True, text=True)
     assert r2.returncode == 0 and "reusing the trained model" in r2.stderr
     assert json.loads(r2.stdout)["preset"] == "g2p-small" and "(preset g2p-small;" in r2.stderr
+
+
+def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
+    """`aiayn demo --keep K` reaches the trainer (a learning curve needs every checkpoint); by
+    default the trainer keeps n_average."""
+    import aiayn.training.trainer as trainer
+    from aiayn.recipes.g2p import G2P_SMALL_V2, run_g2p
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def fake_train(cfg, data, run, options):
+        seen.append(options.keep)
+        raise Stop
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    for keep in (30, None):
+        with pytest.raises(Stop):
+            run_g2p(tmp_path / f"demo{keep}", G2P_SMALL_V2, keep=keep, minutes=0.05,
+                    max_train_words=200, n_valid=10, n_test=10, progress=False, log=lambda m: None)
+    assert seen == [30, None]

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument("--retrain", action="store_true",
                    help="train from scratch even if OUT already holds a model or a run")
+    p.add_argument("--keep", type=int, metavar="K",
+                   help="newest checkpoints kept (default: n_average); keep all 30 for a "
+                        "learning curve (benchmarks/bleu_vs_time.py --g2p)")
     p.add_argument("--max-train-words", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--n-valid", type=int, default=2000, help=argparse.SUPPRESS)
     p.add_argument("--n-test", type=int, default=6000,
@@ -83,13 +86,15 @@ def main(args: argparse.Namespace) -> int:
 
     if args.time_budget <= 0:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
+    if args.keep is not None and args.keep < 1:
+        raise UserError(f"--keep must be >= 1, got {args.keep}")
     check_train_precision(args, "demo")
     device = str(torch_device(args.device))  # training and the test words' decoding
     cfg = load_config(args.preset, overrides=args.set)
     check_out(Path(args.out))
     results = run_g2p(args.out, cfg, args.preset, args.set, minutes=args.time_budget,
                       seed=args.seed, threads=args.threads, precision=args.precision,
-                      device=device, retrain=args.retrain,
+                      device=device, retrain=args.retrain, keep=args.keep,
                       max_train_words=args.max_train_words, n_valid=args.n_valid,
                       n_test=args.n_test, progress=not args.no_progress,
                       log=lambda m: print(m, file=sys.stderr, flush=True))
