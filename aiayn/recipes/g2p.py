@@ -95,8 +95,7 @@ def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL_V2, preset: str = "g2p-
             progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """The whole demo, training `cfg` (named `preset` with `overrides` in the logs and results)
     on `device` (None: the GPU when there is one), keeping the `keep` newest checkpoints (None:
-    n_average); returns the results (also written to
-    OUT/results.json)."""
+    n_average); returns the results (also written to OUT/results.json)."""
     from aiayn.data.corpus import ParallelSource
     from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
     from aiayn.training.trainer import TrainOptions, train
