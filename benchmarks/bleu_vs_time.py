@@ -13,7 +13,10 @@ side (the RNN's additive attention, the Transformer's cross-attention averaged o
         --align RNN=MODEL_DIR --align Transformer=MODEL_DIR --sentence 3
 
 RUN is a run directory of `aiayn train` (keep every checkpoint: `--save-minutes 2 --keep 40`;
-for the demo, `aiayn demo --keep 30` keeps all of its 30).
+for the demo, `aiayn demo --keep 30` keeps all of its 30), or `OLD.json#LABEL`: a curve this
+script scored before (OLD.json is an earlier OUT.json), taken as it was, for a run whose
+checkpoints are gone; it must have been scored on the same split with the same search (not
+checked: the record does not say), and its label should say when and where it ran.
 With --from-metrics nothing is translated: the points are the run's own dev evaluations
 (metrics.jsonl's `dev_bleu`: greedy sacreBLEU on the first `--eval-bleu-sentences` val
 sentences, every `--eval-every` updates), for runs that kept few checkpoints.
@@ -96,6 +99,28 @@ def score_runs(runs: dict[str, Path], sources: list[str], refs: list, cache: dic
     return cache
 
 
+def recorded_runs(runs: dict[str, Path], metric: str = "bleu") -> tuple[dict[str, Path], dict]:
+    """Split `runs` into run directories and curves of `metric` recorded in an earlier OUT.json
+    (`OLD.json#LABEL`); the latter are returned as cache entries, read as they were."""
+    live, recorded = {}, {}
+    for label, path in runs.items():
+        file, sep, key = str(path).partition("#")
+        if not (sep and file.endswith(".json")):
+            live[label] = path
+            continue
+        if not Path(file).is_file():
+            raise SystemExit(f"--run {label}={path}: no such file {file}")
+        old = json.loads(Path(file).read_text(encoding="utf-8"))
+        curves = [k for k, v in old.items() if isinstance(v, dict) and "points" in v]
+        if key not in curves:
+            raise SystemExit(f"--run {label}={path}: {file} has no curve {key!r} "
+                             f"(it has {', '.join(curves) or 'none'})")
+        if not all(metric in p for p in old[key]["points"].values()):
+            raise SystemExit(f"--run {label}={path}: the curve {key!r} has no {metric} scores")
+        recorded[label] = {"run": str(path), "recorded": True, "points": old[key]["points"]}
+    return live, recorded
+
+
 def metrics_runs(runs: dict[str, Path]) -> dict:
     """Each run's dev evaluations as points (no translating): {label: {"run", "points"}}."""
     cache = {}
@@ -146,7 +171,8 @@ def plot(cache: dict, path: Path, title: str, comparison: dict | None,
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, entry in cache.items():
         w, b = curve(entry, metric)
-        ax.plot([x / 60 for x in w], b, marker="o", ms=3, label=label)
+        ax.plot([x / 60 for x in w], b, marker="o", ms=3, label=label,
+                ls="--" if entry.get("recorded") else "-")
     if comparison and comparison["fast_reaches_at_s"] is not None:
         ax.axhline(comparison[f"target_{metric}"], color="grey", lw=0.8, ls=":")
         ax.axvline(comparison["fast_reaches_at_s"] / 60, color="grey", lw=0.8, ls=":")
@@ -216,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--g2p", type=Path, metavar="CORPUS", help="instead of --data: the demo's corpus "
                    "directory (`aiayn demo --out D` writes D/corpus); scores word error rate on its "
                    "validation words")
-    p.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR; the first is the "
-                   "fast one, the last the one whose final BLEU it must reach")
+    p.add_argument("--run", action="append", default=[], help="LABEL=RUN_DIR (or LABEL=OLD.json#KEY, "
+                   "a curve scored before); the first is the fast one, the last the one whose "
+                   "final BLEU it must reach")
     p.add_argument("--out", type=Path, required=True, help="output prefix (OUT.json, OUT.png)")
     p.add_argument("--beam", type=int, default=None, help="beam size (default: greedy)")
     p.add_argument("--from-metrics", action="store_true",
@@ -243,12 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     out_json = Path(f"{args.out}.json")
     cache = json.loads(out_json.read_text()) if out_json.exists() else {}
     runs = _pairs(args.run)
+    live, recorded = recorded_runs(runs, metric)
     if args.from_metrics:
-        cache = metrics_runs(runs)
+        cache = metrics_runs(live)
     else:
         sources, refs = validation(args.data, args.g2p, args.sentences)
-        cache = score_runs(runs, sources, refs, {k: v for k, v in cache.items() if k in runs},
+        cache = score_runs(live, sources, refs, {k: v for k, v in cache.items() if k in live},
                            args.beam, metric)
+    cache = {label: recorded[label] if label in recorded else cache[label] for label in runs}
     labels = list(runs)
     comparison = summary(cache, labels[0], labels[-1], metric) if len(labels) > 1 else None
     with atomic_write(out_json) as f:

@@ -304,3 +304,40 @@ def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
     assert bleu_vs_time.curve(got["A"]) == ([130.0, 400.0], [5.0, 9.0])
     assert got["comparison"]["fast_reaches_at_s"] == 400.0
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_bleu_against_time_with_a_curve_recorded_before(tmp_path):
+    """--run LABEL=OLD.json#KEY: an earlier output's curve, drawn and compared as it was (not
+    re-scored), in its place in the order; a missing file or curve is one line."""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bleu_vs_time
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"RNN": {"run": "gone", "points": {
+        "100": {"wall_s": 100.0, "bleu": 10.0}, "200": {"wall_s": 200.0, "bleu": 8.0}}},
+        "machine": "a 2-core CPU"}))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"kind": "train", "step": 100, "elapsed": 50.0}, {"kind": "train", "step": 300, "elapsed": 150.0},
+        {"kind": "dev", "step": 100, "dev_bleu": 4.0}, {"kind": "dev", "step": 300, "dev_bleu": 12.0}]))
+    out = tmp_path / "curve"
+    assert bleu_vs_time.main(["--data", str(tmp_path), "--from-metrics", "--run", f"A={tmp_path / 'a'}",
+                              "--run", f"RNN, before={old}#RNN", "--out", str(out)]) == 0
+    got = json.loads(out.with_suffix(".json").read_text())
+    assert list(got)[:2] == ["A", "RNN, before"] and got["RNN, before"]["recorded"]
+    assert bleu_vs_time.curve(got["RNN, before"]) == ([100.0, 200.0], [10.0, 8.0])
+    # A (4 at 50 s, 12 at 150 s) reaches the recorded curve's final 8 halfway: 100 s of its 200
+    assert got["comparison"] == {"target_bleu": 8.0, "slow_wall_s": 200.0,
+                                 "fast_reaches_at_s": 100.0, "ratio": 0.5}
+    for bad, says in [(f"{old}#CNN", r"has no curve 'CNN' \(it has RNN\)"),
+                      (f"{tmp_path / 'none.json'}#RNN", "no such file")]:
+        with pytest.raises(SystemExit, match=says):
+            bleu_vs_time.main(["--data", str(tmp_path), "--from-metrics", "--run", f"A={tmp_path / 'a'}",
+                               "--run", f"B={bad}", "--out", str(out)])
+    with pytest.raises(SystemExit, match="has no wer scores"):
+        bleu_vs_time.recorded_runs({"B": Path(f"{old}#RNN")}, "wer")
