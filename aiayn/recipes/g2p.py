@@ -38,8 +38,9 @@ G2P_SMALL = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_s
 # The demo's model since 2026-11-27: the same, with pre-norm blocks and no residual dropout. On a
 # 2-core Xeon Skylake-SP (fp32), chosen on the validation words: 37.6% WER against 45.5% in the
 # demo's 7.5 minutes, 26.65% against 33.0% in 30 (the model underfits the 117K words in that time,
-# and dropout's masks cost 13-24% of its step). Not yet measured on the AMX or AVX2 machines,
-# where `g2p-small` was chosen (docs/experiments/g2p.md).
+# and dropout's masks cost 13-24% of its step). It beats `g2p-small` in the demo's 7.5 minutes on
+# an AVX2 EPYC too; not yet measured on the AMX Xeon, where `g2p-small` was chosen
+# (docs/experiments/g2p.md).
 G2P_SMALL_V2 = replace(G2P_SMALL, norm="pre", p_drop=0.0)
 
 # Not the paper's model: the RNN encoder-decoder baseline (Bahdanau et al. 2015, `arch="rnn"`,
