@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,9 @@ from aiayn.presets import load_config
 from aiayn.special import PAD_ID
 
 from helpers import tiny_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bleu_vs_time  # noqa: E402  (benchmarks/ is not a package)
 
 CFG = replace(BASE, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5, rnn_attn=7, p_drop=0.0)
 
@@ -205,12 +210,6 @@ def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
 
 
 def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bleu_vs_time
-
     data, run, _ = rnn_run
     from aiayn.training.checkpoint import list_checkpoints
 
@@ -233,12 +232,6 @@ def test_word_error_rate_against_time(rnn_run, tmp_path):
     """--g2p's metric: a checkpoint's greedy outputs scored as words against their references
     (lower is better, so the comparison looks for the first time at or below the target), and
     the demo corpus's validation words read with all their pronunciations."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bleu_vs_time
-
     from aiayn.decoding.translate import Translator
     from aiayn.model.io import load_model
     from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
@@ -270,26 +263,14 @@ def test_word_error_rate_against_time(rnn_run, tmp_path):
 
 
 def test_first_reaching_interpolates():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bleu_vs_time import first_reaching
-
-    assert first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
-    assert first_reaching([60, 120], [10, 20], 5) == 60
-    assert first_reaching([60, 120], [10, 20], 21) is None
+    assert bleu_vs_time.first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
+    assert bleu_vs_time.first_reaching([60, 120], [10, 20], 5) == 60
+    assert bleu_vs_time.first_reaching([60, 120], [10, 20], 21) is None
 
 
 def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
     """--from-metrics: one point per dev record, at the run's training time for that step
     (interpolated between the train records), and nothing translated."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bleu_vs_time
-
     records = [{"kind": "train", "step": 100, "elapsed": 60.0},
                {"kind": "train", "step": 300, "elapsed": 200.0},
                {"kind": "dev", "step": 200, "dev_bleu": 5.0, "bleu_sentences": 30},
@@ -313,14 +294,6 @@ def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
 def test_bleu_against_time_with_a_curve_recorded_before(tmp_path):
     """--run LABEL=OLD.json#KEY: an earlier output's curve, drawn and compared as it was (not
     re-scored), in its place in the order; a missing file or curve is one line."""
-    import sys
-    from pathlib import Path
-
-    import pytest
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bleu_vs_time
-
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"RNN": {"run": "gone", "points": {
         "100": {"wall_s": 100.0, "bleu": 10.0}, "200": {"wall_s": 200.0, "bleu": 8.0}}},
