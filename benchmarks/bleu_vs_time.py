@@ -228,12 +228,27 @@ def plot_alignments(models: dict[str, Path], source: str, target: str, path: Pat
     plt.close(fig)
 
 
-def _pairs(items: list[str]) -> dict[str, Path]:
+def _pairs(items: list[str], flag: str = "--run") -> dict[str, Path]:
+    """LABEL=PATH items as {label: path}. A label may hold "=" ("lr_scale=0.7") and so may a
+    path, so the split is at the last "=" followed by an existing path (before any "#KEY"), or
+    at the last "=" when none is."""
     out = {}
     for item in items:
-        label, _, path = item.partition("=")
-        out[label] = Path(path)
+        cuts = [i for i, c in enumerate(item) if c == "="]
+        if not cuts or cuts[0] == 0:
+            raise SystemExit(f"{flag} {item}: expected LABEL=PATH")
+        cut = next((i for i in reversed(cuts)
+                    if Path(item[i + 1:].partition("#")[0]).exists()), cuts[-1])
+        out[item[:cut]] = Path(item[cut + 1:])
     return out
+
+
+def check_run_dirs(runs: dict[str, Path]) -> None:
+    """A training run directory has metrics.jsonl; say so in one line before any scoring."""
+    for label, run in runs.items():
+        if not (run / "metrics.jsonl").is_file():
+            raise SystemExit(f"--run {label}={run}: not a training run directory "
+                             "(no metrics.jsonl there)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         split = args.align_split
         src = (args.data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()[args.sentence]
         tgt = (args.data / f"{split}.tgt.txt").read_text(encoding="utf-8").splitlines()[args.sentence]
-        plot_alignments(_pairs(args.align), src, tgt, Path(f"{args.out}-align.png"))
+        plot_alignments(_pairs(args.align, "--align"), src, tgt, Path(f"{args.out}-align.png"))
     if not args.run:
         return 0
     out_json = Path(f"{args.out}.json")
     cache = json.loads(out_json.read_text()) if out_json.exists() else {}
     runs = _pairs(args.run)
     live, recorded = recorded_runs(runs, metric)
+    check_run_dirs(live)
     if args.from_metrics:
         cache = metrics_runs(live)
     else:

@@ -318,3 +318,19 @@ def test_bleu_against_time_with_a_curve_recorded_before(tmp_path):
                                "--run", f"B={bad}", "--out", str(out)])
     with pytest.raises(SystemExit, match="has no wer scores"):
         bleu_vs_time.recorded_runs({"B": Path(f"{old}#RNN")}, "wer")
+
+
+def test_run_labels_may_hold_equals_signs_and_a_wrong_run_is_one_line(tmp_path):
+    """LABEL=PATH splits where an existing path follows, so "lr_scale=0.7=DIR" and a directory
+    named with "=" both parse; a path that is not a run directory fails before any scoring."""
+    run = tmp_path / "lr=0.7"
+    run.mkdir()
+    assert bleu_vs_time._pairs([f"T, lr_scale=0.7={run}"]) == {"T, lr_scale=0.7": run}
+    assert bleu_vs_time._pairs([f"T={run}"]) == {"T": run}
+    assert bleu_vs_time._pairs(["T=a=b"]) == {"T=a": Path("b")}  # nothing exists: the last "="
+    for bad in ("no-label", f"={run}"):
+        with pytest.raises(SystemExit, match="expected LABEL=PATH"):
+            bleu_vs_time._pairs([bad])
+    with pytest.raises(SystemExit, match=r"not a training run directory \(no metrics.jsonl"):
+        bleu_vs_time.main(["--data", str(tmp_path), "--run", f"A={run}", "--out", str(tmp_path / "c")])
+
