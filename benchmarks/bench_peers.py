@@ -261,10 +261,15 @@ def record(res: dict) -> None:
     text = results_md(res)
     with atomic_write(HERE / "results" / f"{name}.md") as f:
         f.write(text)
-    earlier = sorted(p.name for p in (HERE / "results").glob("*.md") if p.stem != name)
+    tables = sorted(p.name for p in (HERE / "results").glob("*.md") if p.stem != name)
+    earlier = [n for n in tables if not n.startswith("train-gpu-")]
     if earlier:
         text += "\nEarlier runs (other days or machines): " + ", ".join(
             f"[{n}](results/{n})" for n in earlier) + ".\n"
+    gpu = [n for n in tables if n.startswith("train-gpu-")]  # benchmarks/train_gpu.sh's tables
+    if gpu:
+        text += "\nTraining on one GPU, aiayn against torch.nn.Transformer (benchmarks/train_gpu.sh): " + \
+            ", ".join(f"[{n}](results/{n})" for n in gpu) + ".\n"
     with atomic_write(HERE / "RESULTS.md") as f:
         f.write(text)
 

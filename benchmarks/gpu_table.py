@@ -24,7 +24,8 @@ def table(rows: list[dict], datasheet_tflops: float) -> str:
         mine = [r for r in runs if r.get("config") == config]
         best_torch = max((r.get("tok_per_s", 0) for r in mine if r["system"] == "torch"), default=0)
         for r in mine:
-            name = r["system"] + (" compiled" if r.get("compiled") else " eager")
+            name = (r["system"] + (" compiled" if r.get("compiled") else " eager")
+                    + (", eager loss" if r.get("eager_loss") else ""))
             if "failed" in r:
                 lines.append(f"| {config} | {r['system']} | {r['failed']} | | | | |")
                 continue

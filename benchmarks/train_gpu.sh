@@ -12,7 +12,10 @@
 #     OUT=runs/gpu bash benchmarks/train_gpu.sh          # python3 with torch+CUDA, from the repo root
 #     COMPILE=0 OUT=runs/gpu bash benchmarks/train_gpu.sh  # the eager rows only
 #     EAGER=0 COMPILE_CONFIGS=base ...                   # the compiled rows of base only
+#     ONLY=aiayn ...                                     # one system's rows only
 #     ROW_SECONDS=120 ...                                # each row's time cap (default 150)
+#     LEVER_CONFIGS="base big" ...  # the models that also get aiayn's eager-loss row (default
+#                                   # base): what the compiled loss buys; "" for none
 set -uo pipefail
 OUT=${OUT:-runs/gpu}
 PEAK=${PEAK_TFLOPS:-989.4}
@@ -44,11 +47,13 @@ COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 25000 --length
 # capped at CAP seconds; EAGER=0 or COMPILE=0 leaves one kind out, COMPILE_CONFIGS which models
 # the compiled rows measure (default both)
 RUNS=()
-[ "${EAGER:-1}" = 1 ] && RUNS+=("torch" "aiayn")
+[ "${EAGER:-1}" = 1 ] && RUNS+=("torch" "aiayn" "aiayn --eager-loss")
 [ "${COMPILE:-1}" = 1 ] && RUNS+=("aiayn --compile --warmup 12" "torch --compile --warmup 12")
 for run in "${RUNS[@]}"; do
+  [ -n "${ONLY:-}" ] && [ "${run%% *}" != "$ONLY" ] && continue
   configs="base big"
   [[ "$run" == *--compile* ]] && configs=${COMPILE_CONFIGS:-base big}
+  [[ "$run" == *--eager-loss* ]] && configs=${LEVER_CONFIGS-base}
   for config in $configs; do
     echo "== $config: $run" >&2
     # shellcheck disable=SC2086

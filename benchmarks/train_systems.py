@@ -161,7 +161,7 @@ def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 
     from aiayn.training.distributed import DistEnv, rank_seed
     from aiayn.training.precision import Precision
     from aiayn.training.schedule import build_optimizer
-    from aiayn.training.step import Updater
+    from aiayn.training.step import Updater, compile_for_training
 
     env = DistEnv(device=DEVICE)
     torch.manual_seed(seed)
@@ -169,7 +169,7 @@ def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 
     torch.manual_seed(rank_seed(seed, env.rank))
     prec = Precision(AIAYN_PRECISIONS[precision], env.device)
     optimizer = build_optimizer(model.parameters(), cfg)
-    stepped = torch.compile(model, dynamic=True) if compile else model
+    stepped = compile_for_training(model) if compile else model
     updater = Updater(stepped, optimizer, cfg, prec, env)
     counter = itertools.count(1)
     expected: list[float] = []  # the rate the caller set for the next step, if any
@@ -501,6 +501,9 @@ def main() -> int:
                         "does); give enough --warmup steps to cover compiling")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: aiayn and torch only")
+    p.add_argument("--eager-loss", action="store_true",
+                   help="aiayn on a GPU: the loss's eager one-block path instead of its compiled "
+                        "kernels (what the compiled loss buys)")
     p.add_argument("--vocab", type=int, default=workload.VOCAB, help="shared vocabulary (default 8000)")
     p.add_argument("--max-tokens", type=int, default=workload.MAX_TOKENS,
                    help="tokens per side and batch, padding counted (default 4000)")
@@ -516,6 +519,11 @@ def main() -> int:
         p.error("--device cuda is for --system aiayn or torch")
     if a.compile and a.system not in ("aiayn", "torch"):
         p.error("--compile is for --system aiayn or torch (the other peers run as their users run them)")
+    if a.eager_loss and (a.system != "aiayn" or a.device != "cuda"):
+        p.error("--eager-loss is for --system aiayn --device cuda (elsewhere the loss is eager already)")
+    if a.eager_loss:
+        from aiayn.training import loss as loss_module
+        loss_module.fused_on = lambda _logits: False
     torch.set_num_threads(a.threads)
     cfg = replace(workload.model_config(a.config), vocab_size=a.vocab)
     batches = [b.to(DEVICE) for b in workload.training_batches(
@@ -541,7 +549,8 @@ def main() -> int:
            "mean_lengths": [round(x, 1) for x in workload.mean_lengths(batches)],
            **(gpu_figures(res["tok_per_s"] * fpt, a.peak_tflops) if a.device == "cuda" else {}),
            "build_s": round(build_s, 2), "notes": system.notes, "versions": versions(a.system),
-           "python": sys.executable, **system.extra}
+           "python": sys.executable, **system.extra,
+           **({"eager_loss": True} if a.eager_loss else {})}
     if a.json:
         print(json.dumps(out))
     else:

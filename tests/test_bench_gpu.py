@@ -54,9 +54,13 @@ def test_the_gpu_table_names_the_gpu_and_compares_with_torchs_best(tmp_path):
              "peak_gpu_mem_gb": 9.0, "compiled": True},
             {"system": "aiayn", "config": "base", "tok_per_s": 300.0, "flops_per_tok": 4e9,
              "peak_gpu_mem_gb": 6.0},
+            {"system": "aiayn", "config": "base", "tok_per_s": 200.0, "flops_per_tok": 4e9,
+             "peak_gpu_mem_gb": 7.0, "eager_loss": True},
             {"system": "aiayn", "config": "big", "failed": "aiayn: exit 124 (cap 150s)"}]
     text = gpu_table.table(rows, 1000.0)
     assert "NVIDIA H100" in text and "800.0 TFLOP/s measured" in text
     line = next(x for x in text.splitlines() if x.startswith("| base | aiayn eager"))
     assert "| 300 |" in line and "| 0.1% |" in line and "| 0.1% |" in line and "2.00x" in line
     assert "torch compiled" in text and "exit 124" in text
+    line = next(x for x in text.splitlines() if x.startswith("| base | aiayn eager, eager loss"))
+    assert "| 200 |" in line and "1.33x" in line

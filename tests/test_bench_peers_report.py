@@ -34,12 +34,17 @@ def test_fp32_only_run_renders_ratios_against_the_fastest_peer():
 def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_peers, "HERE", tmp_path)
     bench_peers.record(fake_run("2026-01-01T00:00:00", "avx2, avx512f, amx_bf16"))
+    (tmp_path / "results" / "train-gpu-2026-01-01-h100.md").write_text("# a GPU table\n")
     bench_peers.record(fake_run("2026-01-02T00:00:00", "avx2"))
     kept = sorted(p.name for p in (tmp_path / "results").iterdir())
-    assert kept == ["2026-01-01-avx2-avx512f-amx-bf16.md", "2026-01-02-avx2.md"]
+    assert kept == ["2026-01-01-avx2-avx512f-amx-bf16.md", "2026-01-02-avx2.md",
+                    "train-gpu-2026-01-01-h100.md"]
     latest = (tmp_path / "RESULTS.md").read_text()
     assert "- Date: 2026-01-02" in latest and "(avx2)" in latest
-    assert "[2026-01-01-avx2-avx512f-amx-bf16.md](results/2026-01-01-avx2-avx512f-amx-bf16.md)" in latest
+    earlier, gpu = latest.split("Earlier runs")[1].split("Training on one GPU")
+    assert "[2026-01-01-avx2-avx512f-amx-bf16.md](results/2026-01-01-avx2-avx512f-amx-bf16.md)" in earlier
+    assert "train-gpu" not in earlier  # the GPU tables are listed as such, not as CPU runs
+    assert "[train-gpu-2026-01-01-h100.md](results/train-gpu-2026-01-01-h100.md)" in gpu
 
 
 def test_decoding_summary_compares_each_aiayn_precision_with_ctranslate2():

@@ -172,6 +172,59 @@ def test_the_gpus_one_block_loss_equals_the_cpus_blocked_one(monkeypatch, eps):
     assert torch.allclose(g_whole, g_blocked, atol=1e-7, rtol=1e-6)
 
 
+def _loss_and_grads(logits, target, eps):
+    x = logits.clone().requires_grad_()
+    out = label_smoothed_loss(x, target, eps)
+    (0.6 * out.smoothed + 0.3 * out.nll).backward()
+    return out, x.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpus_compiled_loss_equals_the_cpus_blocked_one(monkeypatch, dtype):
+    """On a GPU the loss runs `_whole_terms` and `_whole_grad` compiled (torch.compile, dynamic
+    rows); here the same functions compiled for the CPU, through the code that makes them, give
+    the blocked path's loss and gradients, batch after batch of new row counts (one graph)."""
+    monkeypatch.setattr(loss_module, "fused_on", lambda _: True)
+    monkeypatch.setattr(loss_module, "_compiled", None)
+    g = torch.Generator().manual_seed(3)
+    v = 70
+    for n in (300, 517):  # a second row count: the dynamic graph, no new compile needed
+        logits = (torch.randn(n, v, generator=g) * 3).to(dtype)
+        target = torch.randint(2, v, (n,), generator=g)
+        target[::6] = PAD_ID
+        target[1::9] = EOS_ID
+        fused, g_fused = _loss_and_grads(logits, target, 0.1)
+        assert isinstance(loss_module._compiled, tuple)  # the compiled path ran, not the fallback
+        with monkeypatch.context() as m:
+            m.setattr(loss_module, "fused_on", lambda _: False)
+            blocked, g_blocked = _loss_and_grads(logits, target, 0.1)
+        assert fused.smoothed.item() == pytest.approx(blocked.smoothed.item(), rel=1e-5)
+        assert fused.nll.item() == pytest.approx(blocked.nll.item(), rel=1e-5)
+        assert g_fused.dtype == dtype
+        tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16 gradients: 8 mantissa bits
+        assert torch.allclose(g_fused.float(), g_blocked.float(), atol=tol, rtol=tol)
+        assert g_fused[target == PAD_ID].abs().max().item() == 0.0
+
+
+def test_the_gpu_loss_falls_back_to_eager_when_compiling_fails(monkeypatch, caplog):
+    monkeypatch.setattr(loss_module, "fused_on", lambda _: True)
+    monkeypatch.setattr(loss_module, "_compiled", None)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("Cannot find a working triton installation\nmore text")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    g = torch.Generator().manual_seed(4)
+    logits, target = torch.randn(40, 30, generator=g), torch.randint(2, 30, (40,), generator=g)
+    with caplog.at_level("WARNING"):
+        out, grad = _loss_and_grads(logits, target, 0.1)
+    assert loss_module._compiled is False
+    assert "did not compile (Cannot find a working triton installation)" in caplog.text
+    monkeypatch.setattr(loss_module, "fused_on", lambda _: False)
+    ref, g_ref = _loss_and_grads(logits, target, 0.1)
+    assert out.smoothed.item() == ref.smoothed.item() and torch.equal(grad, g_ref)
+
+
 # --- the learning rate, Eq. 3 -------------------------------------------------------------------
 
 
@@ -390,3 +443,37 @@ def test_precision_choices():
     r32, r16 = u32.update([B(src, tgt)], 1), u16.update([B(src, tgt)], 1)
     assert r16.applied and math.isfinite(r16.loss)
     assert r16.loss == pytest.approx(r32.loss, rel=2e-2) and r16.loss != r32.loss
+
+
+# --- aiayn train --compile ----------------------------------------------------------------------
+
+
+def test_compiled_layers_train_as_the_eager_model_does():
+    """`compile_for_training` compiles each encoder and decoder layer in place: the same loss and
+    gradients as the eager model (dropout off: the compiled RNG stream differs), over batches of
+    new shapes, and the same parameter names, so checkpoints are unchanged."""
+    from aiayn.training.step import compile_for_training
+
+    cfg = replace(get_preset("base"), vocab_size=40, d_model=32, d_ff=64, n_heads=4, n_layers=2,
+                  p_drop=0.0)
+    torch.manual_seed(0)
+    eager = Transformer(cfg)
+    compiled = Transformer(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    stepped = compile_for_training(compiled)
+    assert stepped is compiled and list(compiled.state_dict()) == list(eager.state_dict())
+    g = torch.Generator().manual_seed(5)
+    for b, s, t in ((3, 7, 6), (5, 11, 9)):
+        src = torch.randint(4, 40, (b, s), generator=g)
+        src[0, -2:] = PAD_ID
+        tgt = torch.randint(4, 40, (b, t + 1), generator=g)
+        tgt[1, -3:] = PAD_ID
+        losses = []
+        for m in (eager, stepped):
+            m.zero_grad()
+            out = label_smoothed_loss(m(src, tgt[:, :-1]), tgt[:, 1:], 0.1)
+            out.smoothed.backward()
+            losses.append(out.smoothed.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+            assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name

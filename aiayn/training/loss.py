@@ -17,12 +17,15 @@ the logits' dtype (bf16/fp16 logits lose too much precision in log-softmax over 
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from aiayn.special import BOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
 
 # Ids that are never a target, so the smoothing puts no mass on them.
 NEVER_TARGET = (PAD_ID, BOS_ID)
@@ -71,6 +74,70 @@ def _token_losses(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tenso
     return nll, uniform, lse
 
 
+def _whole_terms(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`_token_losses` for a GPU, written for the compiler: from (N, V) logits of any float dtype
+    and (N,) ids, -log p(target), the mean of -log p over the ids that can be a target, and lse
+    (N, 1), float32. Compiled, the float32 view of the logits is never stored: each row's max,
+    sum of exponentials, sum and reference logit come from reading the logits about twice."""
+    z = logits.float()  # (N, V)
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (N, 1)
+    z_ref = z.gather(1, target.unsqueeze(1))  # (N, 1)
+    z_never = sum(z[:, i:i + 1] for i in NEVER_TARGET)  # (N, 1)
+    mean_z = (z.sum(dim=-1, keepdim=True) - z_never) / (z.size(1) - len(NEVER_TARGET))
+    return (lse - z_ref).squeeze(1), (lse - mean_z).squeeze(1), lse
+
+
+def _whole_grad(logits: Tensor, target: Tensor, lse: Tensor, on_softmax: Tensor, on_ref: Tensor,
+                on_all: Tensor) -> Tensor:
+    """The backward's block of `_SmoothedCrossEntropy`, for a GPU and the compiler: every term as
+    one expression of (N, V), so the compiled form is one kernel that reads the logits once and
+    writes the gradient once in their dtype (the CPU's in-place block loop scatters, which the
+    compiler cannot fuse). lse, on_*: (N, 1) float32."""
+    cols = torch.arange(logits.size(1), device=logits.device)  # (V,)
+    never = sum(cols == i for i in NEVER_TARGET)  # (V,) 1 at PAD and BOS
+    g = torch.exp(logits.float() - lse) * on_softmax - on_all * (1 - never)  # (N, V)
+    g = g - torch.where(cols == target.unsqueeze(1), on_ref, 0.0)  # (N, V)
+    return g.to(logits.dtype)
+
+
+# The two functions above compiled (torch.compile, dynamic N), made on first use; None until then,
+# False where compiling failed (then the GPU takes the eager one-block path, `block_rows`).
+_compiled: tuple | bool | None = None
+
+
+def fused_on(logits: Tensor) -> bool:
+    """Whether the loss takes the compiled whole-tensor path for these logits: on a GPU."""
+    return logits.is_cuda
+
+
+def _fused_kernels(logits: Tensor) -> tuple | None:
+    """The compiled (`_whole_terms`, `_whole_grad`) for CUDA logits, None elsewhere: on a GPU
+    the eager loss made seven passes over float32 copies of the (N, V) logits forward and back
+    (more time than every matrix product of a base step at a 37,000-id vocabulary, profiled on
+    one H100; docs/experiments/wmt.md); compiled, about three passes over the bf16 logits."""
+    global _compiled
+    if not fused_on(logits) or _compiled is False:
+        return None
+    if _compiled is None:
+        try:
+            terms = torch.compile(_whole_terms, dynamic=True)
+            grad = torch.compile(_whole_grad, dynamic=True)
+            # compile now, on two rows, so a failure falls back here instead of mid-backward
+            z = torch.zeros(2, logits.size(1), dtype=logits.dtype, device=logits.device)
+            y = torch.full((2,), 2, dtype=torch.long, device=logits.device)
+            one = torch.ones(2, 1, device=logits.device)
+            grad(z, y, terms(z, y)[2], one, one, one)
+            _compiled = (terms, grad)
+        except Exception as e:  # no Triton, no compiler: the eager path is correct, only slower
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            log.warning("the fused GPU loss did not compile (%s); "
+                                                "using the eager one", str(e).splitlines()[0][:200])
+            _compiled = False
+            return None
+    return _compiled
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Both sums of `label_smoothed_loss` from (N, V) logits, with a hand-written gradient, a
     block of rows at a time: no (N, V) float32 log-probabilities, one-hot matrix or scattered
@@ -85,7 +152,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, eps: float):
-        nll, uniform, lse = _token_losses(logits, target)
+        fused = _fused_kernels(logits)
+        nll, uniform, lse = fused[0](logits, target) if fused else _token_losses(logits, target)
         nll = nll.masked_fill_(~keep, 0.0).sum()
         uniform = uniform.masked_fill_(~keep, 0.0).sum()
         smoothed = (1.0 - eps) * nll + eps * uniform if eps > 0 else nll
@@ -105,6 +173,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         on_ref = (gs * (1.0 - eps) + gn) * keep_f  # (N, 1) subtracted at the reference id
         never = list(NEVER_TARGET)
         on_all = gs * (eps / (v - len(never))) * keep_f  # (N, 1) subtracted at every target id
+        fused = _fused_kernels(logits)
+        if fused:
+            return fused[1](logits, target, lse, on_softmax, on_ref, on_all), None, None, None
         grad = torch.empty_like(logits)
         rows = block_rows(logits)
         for a in range(0, logits.size(0), rows):

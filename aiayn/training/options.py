@@ -34,9 +34,10 @@ class TrainOptions:
     init_from: str | None = None
     overwrite: bool = False
     precision: str = "auto"
-    # torch.compile the training forward/backward (inductor fuses dropout, residual, LayerNorm and
-    # dtype casts). Same mathematics; dropout draws from inductor's RNG, so the random stream
-    # differs from eager mode. Costs about a minute of compiling at the start of each process.
+    # torch.compile each encoder and decoder layer (`step.compile_for_training`: inductor fuses
+    # dropout, residual, LayerNorm and dtype casts). Same mathematics; dropout draws from
+    # inductor's RNG, so the random stream differs from eager mode. Costs about a minute of
+    # compiling at the start of each process.
     compile: bool = False
     accum: int | None = None  # micro-batches per update per rank
     batch_tokens: int | None = None  # tokens per side in one micro-batch on one rank

@@ -47,7 +47,7 @@ from aiayn.training.options import TrainOptions
 from aiayn.training.precision import Precision
 from aiayn.training.schedule import build_optimizer, cooldown_factor
 from aiayn.training.seq2seq import Seq2SeqTask
-from aiayn.training.step import Updater, UpdateResult
+from aiayn.training.step import Updater, UpdateResult, compile_for_training
 from aiayn.training.stream import BatchStream, batch_plan
 from aiayn.training.task import Task
 
@@ -115,9 +115,7 @@ class Trainer:
         # checkpoints always use `self.model` (the same parameters)
         self.step_model: torch.nn.Module = self.model
         if options.compile:
-            # dynamic: batches change shape every step; one graph with symbolic (B, T) instead of
-            # a recompile per shape
-            self.step_model = torch.compile(self.step_model, dynamic=True)
+            self.step_model = compile_for_training(self.model)
         if env.distributed:
             self.step_model = dist_.wrap_ddp(self.step_model, env)
         self.updater = Updater(self.step_model, self.optimizer, self.cfg, self.precision, env,
