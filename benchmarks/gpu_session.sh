@@ -1,18 +1,21 @@
 #!/bin/bash
 # Everything one short GPU loan measures, in one run that ends by itself within BUDGET seconds
-# (default 480), most telling first, so that whatever the time allows comes back:
+# (default 540), most telling first, so that whatever the time allows comes back:
 #   1. benchmarks/train_gpu.sh's eager rows (the matmul peak; aiayn and torch.nn.Transformer, base
-#      and big, 25,000-token updates, 37,000 ids; base also with aiayn's eager loss, to show what
-#      the compiled loss buys), each row capped at 90 s;
-#   2. aiayn's compiled row of base (`aiayn train --compile`: each layer compiled), capped at
-#      COMPILE_SECONDS (default 150);
+#      and big, 25,000-token updates, 37,000 ids), each row capped at 90 s; LEVERS=base adds
+#      aiayn's row with the eager loss (what the compiled loss buys);
+#   2. the compiled rows of base, aiayn's (`aiayn train --compile`) then torch.nn.Transformer's,
+#      each layer compiled, each capped at COMPILE_SECONDS (default 150);
 #   3. benchmarks/gpu_e2e.sh: the WMT user's pipeline (torchrun train killed once and resumed,
 #      average, translate, evaluate) on the Multi30k files carried in DATA, MINUTES of training;
 #   4. benchmarks/profile_step.py on the GPU: where aiayn's base step spends the GPU's time, and
 #      how busy the GPU is (host-bound or not), capped at PROFILE_SECONDS (default 45);
-#   5. torch.nn.Transformer's compiled row of base, in whatever time is left.
-# On one H100 (2026-11-26, before the compiled loss and the per-layer compile) the eager rows took
-# 77 s, the profile 21 s, and neither whole-model compiled row finished compiling in 160 s.
+#   5. aiayn's compiled row of big, in whatever time is left.
+# On one H100 (2026-11-27) the eager rows took 171 s (with the eager-loss row), aiayn's compiled
+# base row 104 s, the pipeline 131 s and the profile 33 s; compiled whole, neither model's row
+# finished compiling in 140-160 s (2026-11-26 and 27), hence the per-layer compile of both.
+# Wheels in .whl (carried) are installed first: the GPU machine's Python lacked sacremoses, which
+# `aiayn evaluate` needs (docs/experiments/wmt.md).
 # Results in $OUT: gpu.tgz (every log and JSON line, refreshed after each part, so a run cut short
 # still returns what it finished), train_gpu.md (the table of every row), e2e.txt, profile.txt.
 #
@@ -22,7 +25,11 @@ OUT=${OUT:-runs/gpu-session}
 DATA=${DATA:-runs/gpu-carry/multi30k}
 PEAK=${PEAK_TFLOPS:-989.4}
 PY=${PYTHON:-python3}
-END=$((SECONDS + ${BUDGET:-480}))
+END=$((SECONDS + ${BUDGET:-540}))
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 AIAYN_ALLOCATOR=system
 W=$(mktemp -d)
 mkdir -p "$OUT"
@@ -35,16 +42,24 @@ snap() {
 }
 log() { echo "== $* ($(left) s left)" | tee -a "$W/session.log" >&2; }
 
+# compiled rows ("SYSTEM CONFIG" ...), each capped at COMPILE_SECONDS and the time left
+compiled_rows() {
+  for row in "$@"; do
+    cap=$(( $(left) - 15 ))
+    [ "$cap" -ge 60 ] || break
+    cap=$(( cap < ${COMPILE_SECONDS:-150} ? cap : ${COMPILE_SECONDS:-150} ))
+    set -- $row
+    log "$1's compiled row of $2, $cap s"
+    EAGER=0 COMPILE_CONFIGS=$2 ONLY=$1 ROW_SECONDS=$cap OUT=$W/train_compiled_$1_$2 \
+      timeout "$((cap + 10))" bash benchmarks/train_gpu.sh > "$W/train_compiled_$1_$2.log" 2>&1
+    snap
+  done
+}
+
 log "eager rows"
-COMPILE=0 ROW_SECONDS=90 OUT=$W/train_eager bash benchmarks/train_gpu.sh > "$W/train_eager.log" 2>&1
+COMPILE=0 ROW_SECONDS=90 LEVER_CONFIGS=${LEVERS-} OUT=$W/train_eager bash benchmarks/train_gpu.sh > "$W/train_eager.log" 2>&1
 snap
-cap=$(( $(left) < ${COMPILE_SECONDS:-150} ? $(left) - 30 : ${COMPILE_SECONDS:-150} ))
-if [ "$cap" -ge 60 ]; then
-  log "aiayn's compiled row of base, $cap s"
-  EAGER=0 COMPILE_CONFIGS=base ONLY=aiayn ROW_SECONDS=$cap OUT=$W/train_compiled \
-    timeout "$((cap + 10))" bash benchmarks/train_gpu.sh > "$W/train_compiled.log" 2>&1
-  snap
-fi
+compiled_rows "aiayn base" "torch base"
 log "the WMT pipeline end to end"
 DATA=$DATA OUT=$W/e2e WORK=$W/e2e/work MINUTES=${MINUTES:-0.8} timeout $(($(left) - 20)) \
   bash benchmarks/gpu_e2e.sh > "$W/e2e.log" 2>&1
@@ -58,12 +73,7 @@ if [ "$(left)" -ge 30 ]; then
     > "$W/profile.txt" 2>&1
   snap
 fi
-cap=$(( $(left) - 15 ))
-if [ "$cap" -ge 60 ]; then
-  log "torch's compiled row of base, $cap s"
-  EAGER=0 COMPILE_CONFIGS=base ONLY=torch ROW_SECONDS=$cap OUT=$W/train_torch_compiled \
-    timeout "$((cap + 5))" bash benchmarks/train_gpu.sh > "$W/train_torch_compiled.log" 2>&1
-fi
+compiled_rows "aiayn big"
 log "done"
 snap
 cat "$OUT/train_gpu.md"

@@ -153,7 +153,7 @@ def plain_step(model: nn.Module, opt: torch.optim.Optimizer, precision: str,
 def build_aiayn(cfg: Config, precision: str, compile: bool = False, seed: int = 1) -> System:
     """What `aiayn train` runs per update, built as Trainer.__init__ builds it (keep in step with
     aiayn/training/trainer.py): seeded Transformer, dropout stream seeded per rank, Precision,
-    build_optimizer, optionally torch.compile(dynamic=True) around the model (`aiayn train
+    build_optimizer, optionally each layer compiled (`compile_for_training`, as `aiayn train
     --compile`), Updater on a single-process DistEnv, one micro-batch per update. The Updater
     sets Eq. 3's rate itself from `cfg` and its step count; `set_lr` only states the rate the
     caller expects, and the next step fails if the Updater used another."""
@@ -239,7 +239,14 @@ def build_torch(cfg: Config, precision: str, seed: int = 1, compile: bool = Fals
     torch.manual_seed(seed)
     model = TorchSeq2Seq(cfg).to(DEVICE)
     opt = torch_adam(model)
-    stepped = torch.compile(model, dynamic=True) if compile else model
+    stepped = model
+    if compile:
+        # each encoder and decoder layer compiled in place, as aiayn's are (PyTorch's "regional
+        # compilation"): the whole model under torch.compile(dynamic=True) never finished
+        # compiling within 140-160 s on one H100 (docs/experiments/wmt.md)
+        for m in model.modules():
+            if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+                m.compile(dynamic=True)
 
     def logits_of(b: Batch) -> torch.Tensor:
         return stepped(b.src, b.tgt_in)
@@ -247,7 +254,7 @@ def build_torch(cfg: Config, precision: str, seed: int = 1, compile: bool = Fals
     step = plain_step(model, opt, precision, logits_of)
     return System(step, model, functools.partial(set_lr, opt), logits_of,
                   "nn.Transformer post-norm, no final stack norms, biases on"
-                  + (", compiled" if compile else ""), {"compiled": compile})
+                  + (", compiled by layer" if compile else ""), {"compiled": compile})
 
 
 # --- Hugging Face Marian ------------------------------------------------------------------------
@@ -497,8 +504,8 @@ def main() -> int:
     p.add_argument("--windows", type=int, default=3, help="timed windows (default 3)")
     p.add_argument("--steps", type=int, default=4, help="steps per timed window (default 4)")
     p.add_argument("--compile", action="store_true",
-                   help="aiayn and torch: torch.compile the model (aiayn as `aiayn train --compile` "
-                        "does); give enough --warmup steps to cover compiling")
+                   help="aiayn and torch: torch.compile each encoder and decoder layer (aiayn as "
+                        "`aiayn train --compile` does); give enough --warmup steps to cover compiling")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: aiayn and torch only")
     p.add_argument("--eager-loss", action="store_true",
