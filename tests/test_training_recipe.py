@@ -204,6 +204,13 @@ def test_the_gpus_compiled_loss_equals_the_cpus_blocked_one(monkeypatch, dtype):
         tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16 gradients: 8 mantissa bits
         assert torch.allclose(g_fused.float(), g_blocked.float(), atol=tol, rtol=tol)
         assert g_fused[target == PAD_ID].abs().max().item() == 0.0
+        # the per-token terms of evaluation (perplexity) take the same compiled path
+        per_token = loss_module.token_losses(logits, target, 0.1)
+        with monkeypatch.context() as m:
+            m.setattr(loss_module, "fused_on", lambda _: False)
+            per_token_blocked = loss_module.token_losses(logits, target, 0.1)
+        for a, b in zip(per_token, per_token_blocked):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_the_gpu_loss_falls_back_to_eager_when_compiling_fails(monkeypatch, caplog):

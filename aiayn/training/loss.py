@@ -209,7 +209,8 @@ def token_losses(logits: Tensor, target: Tensor, eps: float, pad_id: int = PAD_I
     loss and NLL of each target token, float32, 0 at padding. logits (B, T, V), target (B, T)
     -> (B, T) each (or (N, V), (N,) -> (N,))."""
     flat = logits.reshape(-1, logits.size(-1))  # (N, V)
-    nll, uniform, _ = _token_losses(flat, target.reshape(-1))
+    fused = _fused_kernels(flat)  # on a GPU: no float32 copies of the logits at evaluation either
+    nll, uniform, _ = (fused[0] if fused else _token_losses)(flat, target.reshape(-1))
     pad = target.reshape(-1) == pad_id
     nll = nll.masked_fill_(pad, 0.0)
     smoothed = (1.0 - eps) * nll + eps * uniform.masked_fill_(pad, 0.0) if eps > 0 else nll
