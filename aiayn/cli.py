@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# import names whose pip package is named otherwise
+_PIP_NAMES = {"yaml": "pyyaml", "google": "protobuf", "PIL": "pillow", "sklearn": "scikit-learn"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; `argv` None means this process's own arguments, and only then may the
     process restart itself with mimalloc preloaded (aiayn/memory.py), before torch is loaded."""
@@ -134,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as e:  # one of aiayn's dependencies missing (aiayn run from source)
+        top = (e.name or "").split(".")[0]
+        if not top or top == "aiayn":
+            raise
+        print(f"aiayn {args.command}: error: the Python package {top!r} is not installed; "
+              f"install aiayn with its dependencies (pip install -e .) or that package "
+              f"(pip install {_PIP_NAMES.get(top, top)})", file=sys.stderr)
+        return 2
     except Exception as e:  # a disk that filled up, a directory that is not writable: one line
         line = io_failure(e)
         if line is None:

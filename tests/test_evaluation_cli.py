@@ -82,6 +82,24 @@ def test_missing_file_and_bad_utf8_are_user_errors(files, tmp_path, capsys):
     assert str(bad) in err and re.search(r":2:|line 2", err) and "UTF-8" in err and "\n" not in err
 
 
+def test_a_missing_dependency_is_one_line_naming_the_package(files, monkeypatch, capsys):
+    """Run from source without aiayn's dependencies (as on one GPU machine, without sacremoses):
+    one line naming the package and how to install it, exit 2, no traceback."""
+    from aiayn.evaluation import tokenized
+
+    hyp, ref = files
+    tokenized._moses.cache_clear()
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # `import sacremoses` now fails
+    try:
+        rc = cli_main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--lang", "de"])
+    finally:
+        tokenized._moses.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith("aiayn evaluate: error: the Python package 'sacremoses' is not installed")
+    assert "pip install sacremoses" in err
+
+
 def test_line_reading_details(tmp_path, capsys):
     # CRLF line ends, a BOM and a missing final newline still give 3 aligned lines; U+2028 inside a
     # line does not split it (str.splitlines would)
