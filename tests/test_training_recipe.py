@@ -184,8 +184,12 @@ def test_the_gpus_compiled_loss_equals_the_cpus_blocked_one(monkeypatch, dtype):
     """On a GPU the loss runs `_whole_terms` and `_whole_grad` compiled (torch.compile, dynamic
     rows); here the same functions compiled for the CPU, through the code that makes them, give
     the blocked path's loss and gradients, batch after batch of new row counts (one graph)."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setattr(loss_module, "fused_on", lambda _: True)
     monkeypatch.setattr(loss_module, "_compiled", None)
+    torch._dynamo.reset()
+    counters.clear()
     g = torch.Generator().manual_seed(3)
     v = 70
     for n in (300, 517):  # a second row count: the dynamic graph, no new compile needed
@@ -211,6 +215,8 @@ def test_the_gpus_compiled_loss_equals_the_cpus_blocked_one(monkeypatch, dtype):
             per_token_blocked = loss_module.token_losses(logits, target, 0.1)
         for a, b in zip(per_token, per_token_blocked):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    # one graph per function for every row count, with and without gradients
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 def test_the_gpu_loss_falls_back_to_eager_when_compiling_fails(monkeypatch, caplog):

@@ -100,7 +100,22 @@ def _whole_grad(logits: Tensor, target: Tensor, lse: Tensor, on_softmax: Tensor,
     return g.to(logits.dtype)
 
 
-# The two functions above compiled (torch.compile, dynamic N), made on first use; None until then,
+def _rows_dynamic(compiled):
+    """`compiled` called with the first dimension (rows) of every tensor argument marked dynamic:
+    one graph for every batch's row count, while the vocabulary stays a constant in the kernels
+    (`torch.compile(dynamic=True)` makes it a symbol too, and each element's row and column then
+    come from a division by a runtime value)."""
+    def call(*args):
+        # detached: the kernels compute values only (the gradient is `_SmoothedCrossEntropy`'s),
+        # and one requires_grad flag for every call keeps one graph
+        args = [a.detach() if isinstance(a, Tensor) else a for a in args]
+        for a in args:
+            torch._dynamo.mark_dynamic(a, 0)
+        return compiled(*args)
+    return call
+
+
+# The two functions above compiled (torch.compile, dynamic rows), made on first use; None until then,
 # False where compiling failed (then the GPU takes the eager one-block path, `block_rows`).
 _compiled: tuple | bool | None = None
 
@@ -120,8 +135,8 @@ def _fused_kernels(logits: Tensor) -> tuple | None:
         return None
     if _compiled is None:
         try:
-            terms = torch.compile(_whole_terms, dynamic=True)
-            grad = torch.compile(_whole_grad, dynamic=True)
+            terms = _rows_dynamic(torch.compile(_whole_terms))
+            grad = _rows_dynamic(torch.compile(_whole_grad))
             # compile now, on two rows, so a failure falls back here instead of mid-backward
             z = torch.zeros(2, logits.size(1), dtype=logits.dtype, device=logits.device)
             y = torch.full((2,), 2, dtype=torch.long, device=logits.device)
