@@ -127,7 +127,7 @@ def fused_on(logits: Tensor) -> bool:
 
 def _fused_kernels(logits: Tensor) -> tuple | None:
     """The compiled (`_whole_terms`, `_whole_grad`) for CUDA logits, None elsewhere: on a GPU
-    the eager loss made seven passes over float32 copies of the (N, V) logits forward and back
+    the eager loss makes several passes over float32 copies of the (N, V) logits forward and back
     (more time than every matrix product of a base step at a 37,000-id vocabulary, profiled on
     one H100; docs/experiments/wmt.md); compiled, about three passes over the bf16 logits."""
     global _compiled
@@ -146,8 +146,8 @@ def _fused_kernels(logits: Tensor) -> tuple | None:
         except Exception as e:  # no Triton, no compiler: the eager path is correct, only slower
             if isinstance(e, torch.OutOfMemoryError):
                 raise
-            log.warning("the fused GPU loss did not compile (%s); "
-                                                "using the eager one", str(e).splitlines()[0][:200])
+            log.warning("the fused GPU loss did not compile (%s); using the eager one",
+                        str(e).splitlines()[0][:200])
             _compiled = False
             return None
     return _compiled

@@ -71,7 +71,7 @@ def compile_for_training(model: nn.Module) -> nn.Module:
     class and so one compiled graph: the compiler traces one encoder and one decoder layer instead
     of the whole unrolled model (`benchmarks/train_systems.py --config tiny --compile`, three
     layers each, on a 2-core AVX2 EPYC: 134 s to the first timed step compiled whole, 77 s by
-    layer, with an empty compiler cache; docs/experiments/wmt.md). dynamic: batches change shape
+    layer with an empty compiler cache; docs/experiments/wmt.md). dynamic: batches change shape
     every step, so one graph with symbolic (B, T) instead of a recompile per shape. In place, so
     parameter names and checkpoints are unchanged; evaluation runs the same compiled layers.
     Returns the module the update should call."""
