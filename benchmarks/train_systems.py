@@ -241,12 +241,12 @@ def build_torch(cfg: Config, precision: str, seed: int = 1, compile: bool = Fals
     opt = torch_adam(model)
     stepped = model
     if compile:
+        from aiayn.training.step import compile_layers
+
         # each encoder and decoder layer compiled in place, as aiayn's are (PyTorch's "regional
         # compilation"): the whole model under torch.compile(dynamic=True) never finished
         # compiling within 140-160 s on one H100 (docs/experiments/wmt.md)
-        for m in model.modules():
-            if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-                m.compile(dynamic=True)
+        compile_layers(model, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
 
     def logits_of(b: Batch) -> torch.Tensor:
         return stepped(b.src, b.tgt_in)
@@ -526,9 +526,9 @@ def main() -> int:
         p.error("--device cuda is for --system aiayn or torch")
     if a.compile and a.system not in ("aiayn", "torch"):
         p.error("--compile is for --system aiayn or torch (the other peers run as their users run them)")
-    if a.eager_loss and (a.system != "aiayn" or a.device != "cuda"):
-        p.error("--eager-loss is for --system aiayn --device cuda (elsewhere the loss is eager already)")
     if a.eager_loss:
+        if a.system != "aiayn" or a.device != "cuda":
+            p.error("--eager-loss is for --system aiayn --device cuda (elsewhere the loss is eager already)")
         from aiayn.training import loss as loss_module
         loss_module.fused_on = lambda _logits: False
     torch.set_num_threads(a.threads)

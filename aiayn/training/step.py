@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.special import PAD_ID
 from aiayn.training.distributed import DistEnv, all_reduce
 from aiayn.training.loss import LossSums
@@ -65,23 +66,28 @@ def clip_to_norm(params: Sequence[nn.Parameter], max_norm: float, total: torch.T
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
 
 
-def compile_for_training(model: nn.Module) -> nn.Module:
-    """`aiayn train --compile`: torch.compile each encoder and decoder layer in place (regional
-    compilation) where the model has them, else the whole model. The layers of a stack share one
-    class and so one compiled graph: the compiler traces one encoder and one decoder layer instead
-    of the whole unrolled model (`benchmarks/train_systems.py --config tiny --compile`, three
-    layers each, on a 2-core AVX2 EPYC: 134 s to the first timed step compiled whole, 77 s by
-    layer with an empty compiler cache; docs/experiments/wmt.md). dynamic: batches change shape
-    every step, so one graph with symbolic (B, T) instead of a recompile per shape. In place, so
-    parameter names and checkpoints are unchanged; evaluation runs the same compiled layers.
-    Returns the module the update should call."""
-    from aiayn.model.layers import DecoderLayer, EncoderLayer  # no cycle: model never imports training
-
-    layers = [m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
-    if not layers:
-        return torch.compile(model, dynamic=True)
+def compile_layers(model: nn.Module, kinds: tuple[type, ...]) -> int:
+    """torch.compile, in place and with dynamic shapes, every submodule of `model` that is one of
+    `kinds` (regional compilation: modules of one class share one compiled graph). Returns how
+    many were compiled."""
+    layers = [m for m in model.modules() if isinstance(m, kinds)]
     for layer in layers:
         layer.compile(dynamic=True)
+    return len(layers)
+
+
+def compile_for_training(model: nn.Module) -> nn.Module:
+    """`aiayn train --compile`: torch.compile each encoder and decoder layer in place
+    (`compile_layers`) where the model has them, else the whole model. The layers of a stack share
+    one class and so one compiled graph: the compiler traces one encoder and one decoder layer
+    instead of the whole unrolled model (`benchmarks/train_systems.py --config tiny --compile`,
+    three layers each, on a 2-core AVX2 EPYC: 134 s to the first timed step compiled whole, 77 s
+    by layer with an empty compiler cache; docs/experiments/wmt.md). dynamic: batches change
+    shape every step, so one graph with symbolic (B, T) instead of a recompile per shape. In
+    place, so parameter names and checkpoints are unchanged; evaluation runs the same compiled
+    layers. Returns the module the update should call."""
+    if compile_layers(model, (EncoderLayer, DecoderLayer)) == 0:
+        return torch.compile(model, dynamic=True)
     return model
 
 
