@@ -20,7 +20,9 @@ of the child (ru_maxrss):
   so use it with `--greedy`, which makes every row greedy (`aiayn translate --greedy`, CTranslate2
   beam 1).
 `--variants` adds aiayn rows with other options or environment settings (batch size, stopping
-rule, allocator). Each row runs `--reps` times (the fastest time and the largest RSS are
+rule, allocator). `--baseline DIR` runs every aiayn row again with the aiayn of another checkout
+(a `git worktree` of an earlier commit), right after its own: a change's before and after, on
+the same machine in one run. Each row runs `--reps` times (the fastest time and the largest RSS are
 reported); the translations are scored with sacreBLEU (aiayn.evaluation.sacre). The quality
 bound of int8 decoding is checked here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the
 same model.
@@ -44,15 +46,16 @@ sys.path.insert(0, str(REPO))
 QUALITY_BOUND = 0.3  # sacreBLEU points: int8 against fp32 on the same model
 
 
-def timed(cmd: list[str], cpus: str, threads: int,
-          extra_env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Run `cmd` pinned to `cpus` (with `extra_env` set): (seconds from start to exit, peak RSS
-    in MB, stderr); raises RuntimeError with its last stderr line when it fails."""
+def timed(cmd: list[str], cpus: str, threads: int, extra_env: dict[str, str] | None = None,
+          repo: Path = REPO) -> tuple[float, float, str]:
+    """Run `cmd` pinned to `cpus` (with `extra_env` set) with the aiayn of checkout `repo`:
+    (seconds from start to exit, peak RSS in MB, stderr); raises RuntimeError with its last
+    stderr line when it fails."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONWARNINGS="ignore", PYTHONPATH=str(REPO), **(extra_env or {}))
+               PYTHONWARNINGS="ignore", PYTHONPATH=str(repo), **(extra_env or {}))
     start = time.perf_counter()
     p = subprocess.Popen(["taskset", "-c", cpus, *cmd], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
     err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
     seconds = time.perf_counter() - start
@@ -128,6 +131,10 @@ def main() -> int:
     p.add_argument("--ct2-batch", type=int, default=64, help="CTranslate2 max_batch_size")
     p.add_argument("--beam", type=int, default=4, help="CTranslate2's beam (aiayn: the config's)")
     p.add_argument("--reps", type=int, default=1, help="runs per row (fastest reported)")
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="another checkout of aiayn (e.g. `git worktree add DIR COMMIT`) whose "
+                        "`aiayn translate` runs the same aiayn rows, each right after its own, "
+                        "named 'baseline: ...': before and after a change, in one run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cpus", default="0,1")
     p.add_argument("--ct2-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
@@ -149,10 +156,11 @@ def main() -> int:
     py = sys.executable
     rows = []
 
-    def run(name: str, cmd: list[str], hyp: Path, env: dict[str, str] | None = None) -> None:
+    def run(name: str, cmd: list[str], hyp: Path, env: dict[str, str] | None = None,
+            repo: Path = REPO) -> None:
         best = None
         for _ in range(a.reps):
-            seconds, rss, err = timed(cmd, a.cpus, a.threads, env)
+            seconds, rss, err = timed(cmd, a.cpus, a.threads, env, repo)
             best = (min(seconds, best[0]), max(rss, best[1])) if best else (seconds, rss)
         row = {"system": name, "seconds": round(best[0], 2), "peak_rss_mb": round(best[1]),
                "sacrebleu": round(bleu(hyp, refs), 2), "command": shlex.join(cmd)}
@@ -166,12 +174,16 @@ def main() -> int:
             env = dict(w.split("=", 1) for w in words if not w.startswith("-") and "=" in w)
             opts = [w for w in words if w.startswith("-") or "=" not in w]
             tag = "".join(c if c.isalnum() else "-" for c in variant).strip("-")
-            hyp = a.out / f"aiayn-{prec}{'-' + tag if tag else ''}.hyp"
-            run(" ".join([*(f"{k}={v}" for k, v in env.items()),
-                          f"aiayn translate --precision {prec}", *opts]),
-                [py, "-m", "aiayn", "translate", "--model", a.model, "--input", a.src, "--output",
-                 str(hyp), "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
-                 *opts], hyp, env)
+            name = " ".join([*(f"{k}={v}" for k, v in env.items()),
+                             f"aiayn translate --precision {prec}", *opts])
+            for repo, prefix in [(REPO, "")] + ([(a.baseline.resolve(), "baseline: ")]
+                                                if a.baseline else []):
+                hyp = a.out / f"{prefix[:8]}aiayn-{prec}{'-' + tag if tag else ''}.hyp"
+                run(prefix + name,
+                    [py, "-m", "aiayn", "translate", "--model", str(Path(a.model).resolve()),
+                     "--input", str(Path(a.src).resolve()), "--output", str(hyp.resolve()),
+                     "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
+                     *opts], hyp, env, repo)
     for ct in a.ct2:
         export = a.out / f"ct2-{ct}"
         if not export.exists():
@@ -207,7 +219,7 @@ def main() -> int:
                      f"({'within' if ok else 'OUTSIDE'} the bound of {QUALITY_BOUND})")
     ct2 = by.get("CTranslate2 int8 (Python)")
     for r in rows:
-        if ct2 and r["system"].startswith("aiayn"):
+        if ct2 and not r["system"].startswith("CTranslate2"):
             lines.append(f"{r['system']}: {ct2['seconds'] / r['seconds']:.2f}x CTranslate2 int8's "
                          f"speed, {r['peak_rss_mb'] / ct2['peak_rss_mb']:.2f}x its peak RSS")
     text = "\n".join(lines)
@@ -216,6 +228,7 @@ def main() -> int:
 
     with atomic_write(a.out / "results.json") as f:
         json.dump({"rows": rows, "model": a.model,
+                   "baseline": str(a.baseline) if a.baseline else None,
                    "search": "greedy" if a.greedy else f"beam {a.beam}", "src": a.src,
                    "threads": a.threads, "cpus": a.cpus,
                    "command": shlex.join(["python", *sys.argv])}, f, indent=2)

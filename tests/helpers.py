@@ -245,14 +245,27 @@ class TableCache:
     def __init__(self, keys: list[int]):
         self.keys = keys
         self.prefixes: list[tuple[int, ...]] = [() for _ in keys]
+        self.steps: list[int] = [0 for _ in keys]  # per row: tokens fed so far (BOS first)
         self.length = 0
+
+    @property
+    def group(self) -> int:
+        return len(self.prefixes) // len(self.keys)
 
     def reorder(self, index: torch.Tensor, cross_index=True) -> None:
         # `keys` plays the cross-attention state (per source), `prefixes` the self-attention one
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
+        self.steps = [self.steps[i] for i in index.tolist()]
         if cross_index is not None:
             ci = index if cross_index is True else cross_index
             self.keys = [self.keys[i] for i in ci.tolist()]
+
+    def extend(self, other: "TableCache") -> "TableCache":
+        """Sentences joining at their own step (`BeamSearch.add`)."""
+        assert other.group == self.group
+        self.keys, self.prefixes = self.keys + other.keys, self.prefixes + other.prefixes
+        self.steps = self.steps + other.steps
+        return self
 
 
 class TableModel:
@@ -275,10 +288,11 @@ class TableModel:
         self.steps += 1
         out = torch.full((tokens.size(0), V), float("-inf"))
         for i, tok in enumerate(tokens[:, 0].tolist()):
-            if cache.length == 0:
+            if cache.steps[i] == 0:
                 assert tok == BOS_ID
             else:
                 cache.prefixes[i] = cache.prefixes[i] + (tok,)
+            cache.steps[i] += 1
             # a sentence's beams share its source row (the search stores it once)
             table = self.tables[cache.keys[i * len(cache.keys) // len(cache.prefixes)]]
             dist = table(cache.prefixes[i]) if callable(table) else table.get(cache.prefixes[i], {EOS_ID: 1.0})
@@ -286,6 +300,32 @@ class TableModel:
                 out[i, t] = math.log(p)
         cache.length += 1
         return out
+
+
+# Tables of the hand-built model (tests/test_decoding_search.py, test_decoding_engine.py).
+# Key 10: the length penalty decides. [A] EOS has p = .6 * .5 = .3 (|Y| = 2); [B, B, B] EOS has
+# p = .4 * 1 * 1 * .625 = .25 (|Y| = 4); [A, C] EOS has p = .6 * .3 * .6 = .108 (|Y| = 3).
+ALPHA_TABLE = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS_ID: 0.5, C: 0.3, D: 0.2},
+    (B,): {B: 1.0},
+    (A, C): {EOS_ID: 0.6, D: 0.4},
+    (B, B): {B: 1.0},
+    (B, B, B): {EOS_ID: 0.625, C: 0.375},
+    (A, C, D): {D: 1.0},
+}
+# Key 11: after [C], EOS (p .7) or a chain of twenty A's that must then end (p .3 for all of it).
+CHAIN = {(): {C: 1.0}, (C,): {EOS_ID: 0.7, A: 0.3}}
+CHAIN.update({(C,) + (A,) * j: {A: 1.0} for j in range(1, 20)})
+# Key 12: the same with EOS p .9 and the chain p .1.
+CHAIN_LOW = {**CHAIN, (C,): {EOS_ID: 0.9, A: 0.1}}
+# Key 13: never ends.
+ENDLESS = lambda prefix: {A: 0.7, B: 0.3}  # noqa: E731
+TABLES = {10: ALPHA_TABLE, 11: CHAIN, 12: CHAIN_LOW, 13: ENDLESS}
+
+
+def summary(hyps):
+    return [(h.tokens, round(h.score, 5), round(h.logprob, 5), h.complete) for h in hyps]
 
 
 # --- a briefly trained model (confident, position-dependent outputs) -------------------------------
@@ -417,8 +457,8 @@ def serve(files: dict[str, bytes], **kw) -> Iterator[Served]:
 
 
 class GatedEngine(Engine):
-    """Searches wait while `gate` is clear, so a test decides when the model worker may go on;
-    `entered` is set once a search has started."""
+    """Decoding steps wait while `gate` is clear, so a test decides when the model worker may go
+    on; `entered` is set once a step has started."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -426,10 +466,17 @@ class GatedEngine(Engine):
         self.gate.set()
         self.entered = threading.Event()
 
-    def search(self, key, sources):
-        self.entered.set()
-        assert self.gate.wait(60)
-        return super().search(key, sources)
+    def search_engine(self, key):
+        engine = super().search_engine(key)
+        step = engine.step
+
+        def gated():
+            self.entered.set()
+            assert self.gate.wait(60)
+            return step()
+
+        engine.step = gated
+        return engine
 
 
 class AttentionEngine(Engine):

@@ -14,7 +14,16 @@ from aiayn.decoding.common import TOPK_BLOCK, next_token_logprobs, row_topk, sou
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
-from helpers import MICRO, A, B, C, D, TableModel, V  # the table model: tests/helpers.py
+from helpers import (  # the table model and its tables: tests/helpers.py
+    MICRO,
+    TABLES,
+    A,
+    B,
+    C,
+    TableModel,
+    V,
+    summary,
+)
 
 
 def lp(n: int, alpha: float) -> float:
@@ -22,25 +31,6 @@ def lp(n: int, alpha: float) -> float:
     return ((5 + n) / 6) ** alpha
 
 
-# Key 10: the length penalty decides. [A] EOS has p = .6 * .5 = .3 (|Y| = 2); [B, B, B] EOS has
-# p = .4 * 1 * 1 * .625 = .25 (|Y| = 4); [A, C] EOS has p = .6 * .3 * .6 = .108 (|Y| = 3).
-ALPHA_TABLE = {
-    (): {A: 0.6, B: 0.4},
-    (A,): {EOS_ID: 0.5, C: 0.3, D: 0.2},
-    (B,): {B: 1.0},
-    (A, C): {EOS_ID: 0.6, D: 0.4},
-    (B, B): {B: 1.0},
-    (B, B, B): {EOS_ID: 0.625, C: 0.375},
-    (A, C, D): {D: 1.0},
-}
-# Key 11: after [C], EOS (p .7) or a chain of twenty A's that must then end (p .3 for all of it).
-CHAIN = {(): {C: 1.0}, (C,): {EOS_ID: 0.7, A: 0.3}}
-CHAIN.update({(C,) + (A,) * j: {A: 1.0} for j in range(1, 20)})
-# Key 12: the same with EOS p .9 and the chain p .1.
-CHAIN_LOW = {**CHAIN, (C,): {EOS_ID: 0.9, A: 0.1}}
-# Key 13: never ends.
-ENDLESS = lambda prefix: {A: 0.7, B: 0.3}  # noqa: E731
-TABLES = {10: ALPHA_TABLE, 11: CHAIN, 12: CHAIN_LOW, 13: ENDLESS}
 
 
 def src_of(*keys: int, length: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,10 +42,6 @@ def run_beam(keys, **kw):
     src, mask = src_of(*keys)
     kw.setdefault("max_len_a", 0.0)
     return beam_search(model, src, mask, **kw), model.steps
-
-
-def summary(hyps):
-    return [(h.tokens, round(h.score, 5), round(h.logprob, 5), h.complete) for h in hyps]
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -217,15 +203,16 @@ def test_beam_search_on_a_large_vocabulary_equals_plain_topk(monkeypatch):
     assert [summary(h) for h in fast] == [summary(h) for h in plain]
 
 
-def test_first_step_decodes_one_row_per_sentence():
-    # the k beams start identical: step 1 decodes each sentence once, then k rows each
+def test_rows_are_k_per_live_sentence_and_leave_with_it():
+    # k rows per sentence from its first step (only beam 0 alive there); key 12's sentence ends
+    # at step 2 (EOS .9 after [C]), the two endless ones run to their maximum length, 4
     model = TableModel(TABLES)
     rows = []
     step = model.decode_step
     model.decode_step = lambda tokens, cache: rows.append(tokens.size(0)) or step(tokens, cache)
-    src, mask = src_of(13, 13, 11)
-    beam_search(model, src, mask, beam_size=3, max_len_a=0.0, max_len_b=4)
-    assert rows[0] == 3 and rows[1] == 9
+    src, mask = src_of(13, 12, 13)
+    beam_search(model, src, mask, beam_size=3, alpha=0.0, max_len_a=0.0, max_len_b=4)
+    assert rows == [9, 9, 6, 6]
 
 
 def test_sentences_finishing_at_different_times_in_one_batch():

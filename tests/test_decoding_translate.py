@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.decoding.translate import SearchOptions, Translator, search_batched
+from aiayn.errors import UserError
 from aiayn.model.io import load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def test_search_chooses_the_attention_kernels_for_its_device(loaded, monkeypatch
     the search, at each decoding step, and are back as they were afterwards."""
     import torch
 
-    from aiayn.decoding import translate
+    from aiayn.decoding import engine
     from aiayn.model.attention import decoding_kernels
 
     cuda = torch.backends.cuda
@@ -103,7 +104,7 @@ def test_search_chooses_the_attention_kernels_for_its_device(loaded, monkeypatch
 
     # a CPU model decoded as if its device were a GPU: only the kernel choice differs
     monkeypatch.setattr(type(loaded.model), "decode_step", spy)
-    monkeypatch.setattr(translate, "decoding_kernels", lambda device: decoding_kernels(torch.device("cuda")))
+    monkeypatch.setattr(engine, "decoding_kernels", lambda device: decoding_kernels(torch.device("cuda")))
     ids = [loaded.src_tokenizer.encode("a dog runs")]
     search_batched(loaded.model, ids)
     assert seen and not any(seen)
@@ -242,3 +243,41 @@ def test_cli_streams_a_file_in_groups_with_the_same_result(model_dir, loaded, tm
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
     assert warnings and warnings[0].startswith("line 4:")
     assert "warning: line 4:" in capsys.readouterr().err  # the second group's first line
+
+
+def test_stream_hands_back_each_line_in_order_while_later_input_waits(loaded):
+    """`Translator.stream`, what `aiayn translate` writes with: one engine for the whole input,
+    every line's result in input order and equal to translating it alone (blank lines too), and
+    a line's result comes out while the next group of input has not arrived: the input is read
+    beside the search, which waits for it only when it has nothing to decode."""
+    import threading
+
+    tr = Translator(loaded, precision="fp32")
+    first_out = threading.Event()
+    groups = [LINES[:3], ["", "  "], LINES[3:] + LINES[:2]]
+
+    def slow_input():
+        yield groups[0]
+        assert first_out.wait(60), "the first group's results never came while input waited"
+        yield from groups[1:]
+
+    got = []
+    for ready in tr.stream(slow_input()):
+        got += ready
+        first_out.set()
+    flat = [line for g in groups for line in g]
+    assert [i for i, _ in got] == list(range(len(flat)))
+    want = [tr.translate([line])[0] for line in flat]
+    assert [tr.detokenize(h[0].tokens) for _, h in got] == want
+
+
+def test_stream_raises_the_reading_error_after_the_lines_before_it(loaded):
+    def broken():
+        yield ["the cat sat on the mat"]
+        raise UserError("<stdin>: line 2: invalid UTF-8")
+
+    seen = []
+    with pytest.raises(UserError, match="line 2"):
+        for ready in Translator(loaded).stream(broken()):
+            seen += ready
+    assert [i for i, _ in seen] == [0]

@@ -1,5 +1,6 @@
-"""The dynamic batcher alone, with a recording search: which jobs share a batch (budget, keys,
-arrival order), results back to the right job, the bounded queue, cancellation, errors, stop."""
+"""The continuous batcher alone, with fake engines: which jobs the idle worker takes together
+(budget, keys, arrival order), jobs joining a running search, each job answered when its own
+sentences are done, the bounded queue, cancellation, errors, stop."""
 
 from __future__ import annotations
 
@@ -9,22 +10,63 @@ import pytest
 
 from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown, batch_cost
 
+from helpers import wait_until
 
-class Recorder:
-    """search(key, sources) -> each source reversed, tagged with the key; records every call.
-    With `gate`, the first call waits until the test sets it."""
 
-    def __init__(self, gate: threading.Event | None = None):
-        self.calls: list[tuple[object, list[list[int]]]] = []
-        self.gate = gate
+class FakeEngine:
+    """A decoding engine's shape (`SearchEngine`): a sentence joins at the next step (room for
+    `room` live sentences) and finishes after as many steps as it has tokens, its result the
+    engine's key and the sentence reversed. Records the live sentences of every step; with
+    `gate`, its first step waits until the test sets it; with `fail`, its first step raises."""
+
+    def __init__(self, key, gate: threading.Event | None = None, room: int = 1000,
+                 fail: bool = False):
+        self.key, self.gate, self.room, self.fail = key, gate, room, fail
+        self.waiting: list = []
+        self.live: dict = {}  # key -> [steps left, ids]
+        self.steps: list[int] = []
         self.entered = threading.Event()
 
-    def __call__(self, key, sources):
-        self.calls.append((key, [list(s) for s in sources]))
+    def submit(self, key, ids):
+        self.waiting.append((key, list(ids)))
+
+    @property
+    def busy(self):
+        return bool(self.waiting or self.live)
+
+    def step(self):
         self.entered.set()
-        if self.gate is not None and len(self.calls) == 1:
+        if self.gate is not None and not self.steps:
             assert self.gate.wait(30)
-        return [(key, list(reversed(s))) for s in sources]
+        if self.fail and not self.steps:
+            self.steps.append(0)
+            raise RuntimeError("boom")
+        while self.waiting and len(self.live) < self.room:
+            key, ids = self.waiting.pop(0)
+            self.live[key] = [len(ids), ids]
+        self.steps.append(len(self.live))
+        done = []
+        for key in list(self.live):
+            self.live[key][0] -= 1
+            if not self.live[key][0]:
+                done.append((key, (self.key, list(reversed(self.live.pop(key)[1])))))
+        return done
+
+
+class Engines:
+    """The batcher's engine factory: makes and keeps a `FakeEngine` per key."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.made = kwargs, {}
+
+    def __call__(self, key):
+        self.made[key] = FakeEngine(key, **self.kwargs)
+        return self.made[key]
+
+
+def run_until_idle(b: Batcher) -> None:
+    while b.busy:
+        b.step()
 
 
 def test_batch_cost_is_sentences_times_longest():
@@ -32,7 +74,7 @@ def test_batch_cost_is_sentences_times_longest():
 
 
 def test_next_batch_takes_same_key_jobs_in_order_within_the_budget():
-    b = Batcher(Recorder(), batch_tokens=20, max_wait=0.0)
+    b = Batcher(Engines(), batch_tokens=20, max_wait=0.0)
     j1 = b.submit("k", [[1, 2, 3]])  # longest 4 (EOS counted)
     j2 = b.submit("other", [[5]])
     j3 = b.submit("k", [[4], [5, 6]])  # 3 sentences x 4 = 12 <= 20
@@ -46,56 +88,79 @@ def test_next_batch_takes_same_key_jobs_in_order_within_the_budget():
     assert b.pending == 0
 
 
-def test_after_a_batch_of_several_requests_the_next_waits_for_their_return():
-    b = Batcher(Recorder(), batch_tokens=100, max_wait=0.5)
+def test_after_a_step_that_answered_several_requests_the_next_waits_for_their_return():
+    b = Batcher(Engines(), batch_tokens=100, max_wait=0.5)
     waiting = b.submit("k", [[2]])
-    b.run_batch([Job("k", [[1]])])  # a batch that answered one request
+    b.admit([Job("k", [[1]])])
+    b.step()  # a step that answered one request
     assert b.deadline() == waiting.enqueued + 0.5  # nobody to wait for
-    b.run_batch([Job("k", [[3]]), Job("k", [[4]])])  # a batch that answered two
+    b.admit([Job("k", [[3]]), Job("k", [[4]])])
+    b.step()  # a step that answered two
     assert waiting.enqueued < b._last_end
     assert b.deadline() == b._last_end + 0.5  # they get max_wait to come back and join
 
 
 def test_a_job_over_the_budget_runs_alone():
-    b = Batcher(Recorder(), batch_tokens=4, max_wait=0.0)
+    b = Batcher(Engines(), batch_tokens=4, max_wait=0.0)
     big = b.submit("k", [[1, 2, 3], [4, 5, 6]])  # cost 8 > 4
     small = b.submit("k", [[1]])
     assert b.next_batch() == [big]
     assert b.next_batch() == [small]
 
 
-def test_run_batch_gives_each_job_its_own_results_from_one_search():
-    rec = Recorder()
-    b = Batcher(rec, batch_tokens=100, max_wait=0.0)
-    j1 = b.submit("k", [[1, 2], [3]])
-    j2 = b.submit("k", [[4, 5, 6]])
-    b.run_batch(b.next_batch())
-    assert len(rec.calls) == 1 and rec.calls[0] == ("k", [[1, 2], [3], [4, 5, 6]])
-    assert j1.future.result(0) == [("k", [2, 1]), ("k", [3])]
-    assert j2.future.result(0) == [("k", [6, 5, 4])]
+def test_each_job_is_answered_the_step_its_last_sentence_finishes():
+    engines = Engines()
+    b = Batcher(engines, batch_tokens=100, max_wait=0.0)
+    j1 = b.submit("k", [[1, 2], [3]])  # done after 2 steps
+    j2 = b.submit("k", [[4, 5, 6]])  # after 3
+    j3 = b.submit("other", [[7]])
+    b.admit(b.next_batch())  # the idle worker takes the oldest key's jobs within the budget
+    assert b.pending == 1
+    b.step()
+    assert not j1.future.done() and not j2.future.done()
+    b.admit(b.joining())  # the other key's job joins its own engine at the next step
+    b.step()
+    assert j1.future.result(0) == [("k", [2, 1]), ("k", [3])] and not j2.future.done()
+    assert j3.future.result(0) == [("other", [7])]
+    b.step()
+    assert j2.future.result(0) == [("k", [6, 5, 4])] and not b.busy
+    assert engines.made["k"].steps == [3, 2, 1]  # sentences live at each step
 
 
-def test_worker_gathers_what_arrived_while_it_was_busy():
+def test_worker_lets_what_arrived_meanwhile_join_the_running_search():
     gate = threading.Event()
-    rec = Recorder(gate)
-    b = Batcher(rec, batch_tokens=1000, max_wait=0.0)
+    engines = Engines(gate=gate)
+    b = Batcher(engines, batch_tokens=1000, max_wait=0.0)
     b.start()
     try:
-        first = b.submit("k", [[1]])
-        assert rec.entered.wait(30)  # the worker is inside the first search, held by the gate
-        rest = [b.submit("k", [[i, i + 1]]) for i in range(2, 8)]
+        first = b.submit("k", [[1, 2, 3, 4]])
+        wait_until(lambda: "k" in engines.made and engines.made["k"].entered.is_set())
+        rest = [b.submit("k", [[i, i + 1]]) for i in range(2, 8)]  # while the step is held
         gate.set()
-        assert first.future.result(30) == [("k", [1])]
+        assert first.future.result(30) == [("k", [4, 3, 2, 1])]
         for i, job in zip(range(2, 8), rest):
             assert job.future.result(30) == [("k", [i + 1, i])]
-        # Two searches: the first request alone, then the six that waited, together.
-        assert [len(sources) for _, sources in rec.calls] == [1, 6]
+        # the first sentence alone, then the six joined it at the next step
+        assert engines.made["k"].steps[:3] == [1, 7, 7] and len(engines.made) == 1
     finally:
         b.stop()
 
 
+def test_a_key_whose_engine_has_sentences_waiting_for_room_keeps_its_jobs_queued():
+    engines = Engines(room=1)
+    b = Batcher(engines, max_wait=0.0)
+    b.submit("k", [[1, 2]])
+    b.submit("k", [[3]])
+    b.admit(b.next_batch())  # both jobs go into the engine ...
+    b.step()  # ... which has room for one sentence: the other waits inside it
+    later = b.submit("k", [[4]])
+    assert b.joining() == [] and b.pending == 1
+    run_until_idle(b)
+    assert b.joining() == [later]
+
+
 def test_queue_is_bounded_in_sentences_and_cancel_frees_a_place():
-    b = Batcher(Recorder(), max_queue=3, max_wait=0.0)
+    b = Batcher(Engines(), max_queue=3, max_wait=0.0)
     j1 = b.submit("k", [[1], [2]])
     with pytest.raises(QueueFull):
         b.submit("k", [[3], [4]])
@@ -109,38 +174,37 @@ def test_queue_is_bounded_in_sentences_and_cancel_frees_a_place():
 
 
 def test_an_empty_queue_takes_even_an_oversized_job():
-    b = Batcher(Recorder(), max_queue=2)
+    b = Batcher(Engines(), max_queue=2)
     b.submit("k", [[1], [2], [3]])
     assert b.pending == 3
 
 
-def test_a_failing_search_fails_its_jobs_and_the_worker_goes_on():
-    calls = []
+def test_a_failing_engine_fails_its_jobs_and_the_worker_goes_on_with_a_fresh_one():
+    made = []
 
-    def search(key, sources):
-        calls.append(sources)
-        if len(calls) == 1:
-            raise RuntimeError("boom")
-        return sources
+    def engine(key):
+        made.append(FakeEngine(key, fail=not made))  # the first one fails
+        return made[-1]
 
-    b = Batcher(search, max_wait=0.0)
+    b = Batcher(engine, max_wait=0.0)
     b.start()
     try:
         bad = b.submit("k", [[1]])
         with pytest.raises(RuntimeError, match="boom"):
             bad.future.result(30)
-        assert b.submit("k", [[2]]).future.result(30) == [[2]]
+        assert b.submit("k", [[2]]).future.result(30) == [("k", [2])]
+        assert len(made) == 2
     finally:
         b.stop()
 
 
 def test_stop_fails_waiting_jobs_and_refuses_new_ones():
     gate = threading.Event()
-    rec = Recorder(gate)
-    b = Batcher(rec, max_wait=0.0)
+    engines = Engines(gate=gate)
+    b = Batcher(engines, max_wait=0.0)
     b.start()
     running = b.submit("k", [[1]])
-    assert rec.entered.wait(30)
+    wait_until(lambda: "k" in engines.made and engines.made["k"].entered.is_set())
     waiting = b.submit("other", [[2]])
     stopper = threading.Thread(target=b.stop)
     stopper.start()
@@ -148,6 +212,6 @@ def test_stop_fails_waiting_jobs_and_refuses_new_ones():
         waiting.future.result(30)
     gate.set()
     stopper.join(30)
-    assert running.future.result(0) == [("k", [1])]  # the running batch finished
+    assert running.future.result(0) == [("k", [1])]  # the job in the engine finished
     with pytest.raises(ShuttingDown):
         b.submit("k", [[3]])

@@ -264,8 +264,10 @@ def add_search_arguments(p: argparse.ArgumentParser, nbest: bool = True) -> None
     b = p.add_argument_group("batching and hardware")
     g = b.add_mutually_exclusive_group()
     g.add_argument("--batch-tokens", type=int, default=4000, metavar="T",
-                   help="sentences x longest source per batch (default 4000)")
-    g.add_argument("--batch-size", type=int, metavar="N", help="sentences per batch instead")
+                   help="room of the search: the sentences decoded at once x their longest "
+                        "source; waiting sentences join as others finish (default 4000)")
+    g.add_argument("--batch-size", type=int, metavar="N",
+                   help="at most N sentences decoded at once instead")
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                    help="truncate longer sources, with a warning (default 1024, EOS included)")
     add_device_argument(b)

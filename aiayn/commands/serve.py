@@ -51,9 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     n.add_argument("--access-log", action="store_true", help="log every request on stderr")
     b = p.add_argument_group("batching")
     b.add_argument("--batch-tokens", type=int, default=d.batch_tokens, metavar="T",
-                   help=f"cost budget of one batch: sentences x longest source (default {d.batch_tokens})")
+                   help=f"room of the running search: sentences decoded at once x their longest "
+                        f"source; requests join it as others finish (default {d.batch_tokens})")
     b.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, metavar="MS",
-                   help=f"longest wait for more requests before an incomplete batch starts (default {d.max_wait_ms:g})")
+                   help=f"when nothing is being decoded, the longest wait for more requests "
+                        f"before a search starts (default {d.max_wait_ms:g})")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N",
                      help=f"characters per request (default {d.max_chars})")

@@ -186,14 +186,29 @@ def _translate(args: argparse.Namespace) -> int:
 
 def _stream(out, translator, groups, nbest: int | None, progress: bool,
             align: tuple[str, dict] | None) -> None:
-    """Translate each group of input lines and write its results before reading on (flushed:
-    a reader at the other end of a pipe sees them at once)."""
+    """Translate the input as it comes and write each line's result as soon as it and every line
+    before it are done (flushed: a reader at the other end of a pipe sees them at once), through
+    one decoding engine for the whole input (`Translator.stream`). Alignments are made a group
+    of lines at a time (`Translator.align`)."""
+    from aiayn.decoding.translate import format_nbest
     from aiayn.progress import Progress
 
-    first = 1
     with Progress(None, desc="translating", unit="sent", enabled=progress) as bar:
-        for lines in groups:
-            _write_results(out, translator, lines, nbest, False, first_line=first, align=align)
+        if align:
+            first = 1
+            for lines in groups:
+                _write_results(out, translator, lines, nbest, False, first_line=first, align=align)
+                out.flush()
+                first += len(lines)
+                bar.update(len(lines))
+            return
+        for ready in translator.stream(groups, nbest or 1):
+            for index, hyps in ready:
+                if nbest:
+                    entries = [(h.score, translator.detokenize(h.tokens)) for h in hyps]
+                    for row in format_nbest(index, entries):
+                        out.write(row + "\n")
+                else:
+                    out.write((translator.detokenize(hyps[0].tokens) if hyps else "") + "\n")
             out.flush()
-            first += len(lines)
-            bar.update(len(lines))
+            bar.update(len(ready))

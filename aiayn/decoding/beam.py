@@ -27,16 +27,20 @@ The search, per sentence, vectorised over sentences and beams (no Python loop ov
 4. At the maximum length L (see `common`), the live beams are kept as cut-off hypotheses
    (`complete=False`), ranked below every complete one, so a sentence always gets an answer.
 
-Finished sentences leave the batch: their cache rows are dropped in the same `cache.reorder`
-that reorders the beams, so they cost nothing afterwards. Log-softmax runs in float32 even
+The search is `BeamSearch`, whose sentences need not start together: `add` lets sentences join
+at any step (each at its own step count and output position; `aiayn.decoding.engine` keeps the
+batch full this way), and `step` hands back each sentence the step it finishes. Finished
+sentences leave at once: their cache rows are dropped in the same `cache.reorder` that reorders
+the beams, so they cost nothing afterwards. `beam_search` is one batch that starts together. Log-softmax runs in float32 even
 under bf16 autocast, and raw scores are accumulated in float32; PAD and BOS are never generated
 (`common.next_token_logprobs`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +60,6 @@ from aiayn.decoding.common import (
     next_token_logprobs,
     resolve_mask,
     row_topk,
-    unflatten_attention,
 )
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -66,9 +69,10 @@ EARLY_STOP = (True, False, *EARLY_STOP_RULES)  # True is "exact"
 
 @dataclass
 class _Pool:
-    """Finished hypotheses per sentence, best first: (n, P[, W[, A]]) tensors. An empty slot has
-    score -inf and complete False. Tokens are PAD-padded to W, the largest maximum length; `attn`
-    holds the kept attention weights of each step (A = L' h' S values), only when asked for."""
+    """Finished hypotheses per sentence, best first: (n, P[, W[, A, S]]) tensors. An empty slot
+    has score -inf and complete False. Tokens are PAD-padded to W, the largest maximum length;
+    `attn` holds the kept attention weights of each step (A = L' h' rows over S source
+    positions), only when asked for."""
 
     tok: Tensor  # (n, P, W) int64 pieces, no EOS
     tlp: Tensor  # (n, P, W) float32 per-token log-probs (EOS's included when complete)
@@ -76,10 +80,11 @@ class _Pool:
     raw: Tensor  # (n, P) float32 log P(Y | X)
     score: Tensor  # (n, P) float32 raw / lp(|Y|)
     complete: Tensor  # (n, P) bool
-    attn: Tensor | None = None  # (n, P, W, A) float32
+    attn: Tensor | None = None  # (n, P, W, A, S) float32
 
     @classmethod
-    def empty(cls, n: int, p: int, w: int, device: torch.device, attn_size: int = 0) -> "_Pool":
+    def empty(cls, n: int, p: int, w: int, device: torch.device,
+              attn_shape: tuple[int, int] | None = None) -> "_Pool":
         return cls(
             tok=torch.full((n, p, w), PAD_ID, dtype=torch.long, device=device),
             tlp=torch.zeros(n, p, w, dtype=torch.float32, device=device),
@@ -87,7 +92,7 @@ class _Pool:
             raw=torch.full((n, p), NEG_INF, device=device),
             score=torch.full((n, p), NEG_INF, device=device),
             complete=torch.zeros(n, p, dtype=torch.bool, device=device),
-            attn=torch.zeros(n, p, w, attn_size, device=device) if attn_size else None,
+            attn=torch.zeros(n, p, w, *attn_shape, device=device) if attn_shape else None,
         )
 
     def _present(self) -> list[str]:
@@ -101,9 +106,16 @@ class _Pool:
             getattr(self, name)[index] = getattr(other, name)
 
     @staticmethod
-    def cat(pools: list["_Pool"]) -> "_Pool":
-        return _Pool(**{name: torch.cat([getattr(p, name) for p in pools], dim=1)
+    def cat(pools: list["_Pool"], dim: int = 1) -> "_Pool":
+        """Slots side by side (dim 1), or sentences one after the other (dim 0)."""
+        return _Pool(**{name: torch.cat([getattr(p, name) for p in pools], dim=dim)
                         for name in pools[0]._present()})
+
+    def widen(self, w: int, s: int) -> "_Pool":
+        """The same pool with tokens (and kept attention) padded to W = w steps (and S = s)."""
+        return _Pool(tok=_pad_to(self.tok, w, PAD_ID), tlp=_pad_to(self.tlp, w, 0.0),
+                     length=self.length, raw=self.raw, score=self.score, complete=self.complete,
+                     attn=None if self.attn is None else _pad_attn(self.attn, w, s))
 
     def merge(self, cand: "_Pool") -> "_Pool":
         """Keep the P best of the pool and the candidates (n, C): complete before cut-off, then
@@ -122,9 +134,16 @@ def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
     return F.pad(x, (0, width - x.size(-1)), value=value)
 
 
-def _pad_steps(x: Tensor, width: int) -> Tensor:
-    """Kept attention (n, c, t, A) zero-padded to (n, c, width, A)."""
-    return F.pad(x, (0, 0, 0, width - x.size(2)))
+def _pad_attn(x: Tensor, width: int, s: int) -> Tensor:
+    """Kept attention (n, c, t, A, S') zero-padded to (n, c, width, A, s)."""
+    return F.pad(x, (0, s - x.size(4), 0, 0, 0, width - x.size(2)))
+
+
+def _put_step(hist: Tensor, col: Tensor, value: Tensor) -> Tensor:
+    """hist (n, c, W, ...) with value (n, c, ...) written at step col[i] of sentence i (a copy)."""
+    idx = col.reshape(-1, 1, 1, *([1] * (hist.dim() - 3)))
+    idx = idx.expand(hist.size(0), hist.size(1), 1, *hist.shape[3:])  # (n, c, 1, ...)
+    return hist.scatter(2, idx, value.unsqueeze(2))
 
 
 def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
@@ -133,100 +152,160 @@ def _gather_beams(x: Tensor, beam: Tensor) -> Tensor:
     return x.gather(1, idx.expand(-1, -1, *x.shape[2:]))
 
 
-@torch.inference_mode()
-def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
-                beam_size: int | None = None, alpha: float | None = None,
-                max_len_a: float | None = None, max_len_b: float | None = None,
-                nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
-                attention: AttentionRequest | None = None,
-                constraint: StepConstraint | None = None) -> list[list[Hypothesis]]:
-    """Beam search over a batch. src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask:
-    (B, S) bool, True at real tokens (default `src != PAD`).
+class BeamSearch:
+    """Beam search over the sentences `add` gives it, which may join at any step; `step` decodes
+    one position of every live sentence and returns those that finished, with their keys.
 
-    Returns per sentence, in batch order, up to `nbest` hypotheses best first (normally exactly
-    `nbest`; fewer only when the model gives probability 0 to almost everything). Settings left
-    None come from the model's config (the paper's: k = 4, alpha = 0.6, L = S + 50).
-    `early_stop=False` runs every sentence to its maximum length (for testing: same result);
-    True or "exact" is the exact bound, "current" the bound at the next length (module doc).
-    `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
+        search = BeamSearch(model, beam_size=4)
+        search.add(src, src_mask, keys=["a", "b"])       # (B, S) pieces + EOS, PAD-padded
+        while search.sentences:
+            for key, hyps in search.step():              # hypotheses best first
+                ...
+            # more sentences may join here: search.add(...)
+
+    Settings left None come from the model's config (the paper's: k = 4, alpha = 0.6,
+    L = S + 50). `early_stop=False` runs every sentence to its maximum length (for testing: same
+    result); True or "exact" is the exact bound, "current" the bound at the next length (module
+    doc). `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
     (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
     `attention` keeps, for every hypothesis, the cross-attention weights of the steps that made
     it (`Hypothesis.attention`), following each beam's history through the reorderings; the
-    search itself is unchanged. `constraint` (one row per sentence when given) limits the
-    tokens each hypothesis may write (`common.StepConstraint`). The model should be in eval mode.
+    search itself is unchanged. A constraint given to `add` (one row per sentence added) limits
+    the tokens each hypothesis may write (`common.StepConstraint`); sentences that join later
+    must bring theirs too. The model should be in eval mode.
+
+    A sentence's result does not depend on the others in the search, nor on when it joined: each
+    has its own step count, output positions (a cohort of the cache, `CacheCohorts`), maximum
+    length and pool; the only link is that their rows share one decoder call per step (tested:
+    equal to decoding it alone). Rows: k per live sentence, its beams, consecutive; at its first step only beam 0 is
+    alive (raw score 0, the others -inf), so it fills the beam without k copies of one prefix.
     """
-    cfg = decoding_defaults(model)
-    k = cfg.beam_size if beam_size is None else int(beam_size)
-    alpha = cfg.alpha if alpha is None else float(alpha)
-    a = cfg.max_len_a if max_len_a is None else max_len_a
-    b = cfg.max_len_b if max_len_b is None else max_len_b
-    if k < 1:
-        raise ValueError(f"beam size must be >= 1, got {k}")
-    if not 1 <= nbest <= k:
-        raise ValueError(f"nbest must be between 1 and the beam size {k}, got {nbest}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha}")
-    if early_stop not in EARLY_STOP:
-        raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {early_stop!r}")
-    src_mask = resolve_mask(src, src_mask)
-    n_sent, device = src.size(0), src.device
-    if n_sent == 0:
-        return []
-    max_lens = max_output_lengths(src_mask, a, b, decoder_length_cap(model))  # (B,)
-    width = int(max_lens.max())
-    bound_lp = length_penalty(max_lens.to(torch.float32), alpha)  # (B,) lp(L), the bound's divisor
 
-    memory = model.encode(src, src_mask)
-    # The k beams of a sentence start identical, so the first step decodes one row per sentence
-    # (a quarter of that step's work at k = 4); its reorder then expands each row to the k beams,
-    # which share the sentence's source side. `rows_per` is the rows each sentence has in the cache.
-    cache = model.new_cache(memory, src_mask)
-    rows_per = 1
-    w_shape = None  # (L', h', S) of the kept attention
-    if attention is not None:
-        w_shape = (*attention.kept(cfg.n_layers, cfg.n_heads), src.size(1))
-    a_size = 0 if w_shape is None else w_shape[0] * w_shape[1] * w_shape[2]
-    final = _Pool.empty(n_sent, k, width, device, a_size)
+    def __init__(self, model: Any, beam_size: int | None = None, alpha: float | None = None,
+                 max_len_a: float | None = None, max_len_b: float | None = None,
+                 nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
+                 attention: AttentionRequest | None = None):
+        cfg = decoding_defaults(model)
+        self.k = k = cfg.beam_size if beam_size is None else int(beam_size)
+        self.alpha = cfg.alpha if alpha is None else float(alpha)
+        self.a = cfg.max_len_a if max_len_a is None else max_len_a
+        self.b = cfg.max_len_b if max_len_b is None else max_len_b
+        if k < 1:
+            raise ValueError(f"beam size must be >= 1, got {k}")
+        if not 1 <= nbest <= k:
+            raise ValueError(f"nbest must be between 1 and the beam size {k}, got {nbest}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha}")
+        if early_stop not in EARLY_STOP:
+            raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {early_stop!r}")
+        self.model, self.nbest, self.early_stop, self.min_len = model, nbest, early_stop, min_len
+        self.attention = attention
+        # kept attention: (L' h') rows over the source per step, when asked for
+        self.a_shape = None if attention is None else attention.kept(cfg.n_layers, cfg.n_heads)
+        self.a_rows = 0 if attention is None else math.prod(self.a_shape)
+        self.keys: list[Hashable] = []  # the live sentences' keys, in row order
+        self.src_lens: list[int] = []  # their real source tokens (EOS included)
+        self.cache: Any = None
+        self.constraint: StepConstraint | None = None
+        self.t = self.max_lens = self.bound_lp = self.raw = None  # (n,), (n,), (n,), (n, k)
+        self.hist_tok = self.hist_lp = self.hist_w = self.last = None  # (n, k, W[, A, S]), (n k, 1)
+        self.pool: _Pool | None = None
 
-    sent = torch.arange(n_sent, device=device)  # (n,) live sentences' indices into the batch
-    pool = _Pool.empty(n_sent, k, width, device, a_size)
-    hist_w = torch.zeros(n_sent, k, 0, a_size, device=device) if a_size else None  # (n, k, t, A)
-    # The k beams start identical; only beam 0 may extend at step 1, or the beam would fill with
-    # k copies of the same hypothesis.
-    raw = torch.full((n_sent, k), NEG_INF, device=device)
-    raw[:, 0] = 0.0
-    hist_tok = torch.zeros(n_sent, k, 0, dtype=torch.long, device=device)  # (n, k, t)
-    hist_lp = torch.zeros(n_sent, k, 0, dtype=torch.float32, device=device)
-    last = torch.full((n_sent, 1), BOS_ID, dtype=torch.long, device=device)
-    t = 0
-    while sent.numel():
-        n = sent.numel()
-        if attention is None:
-            logits = model.decode_step(last, cache)  # (n*r, V), r = rows_per
+    @property
+    def sentences(self) -> int:
+        """Live sentences (k rows each)."""
+        return len(self.keys)
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys) * self.k
+
+    @torch.inference_mode()
+    def add(self, src: Tensor, src_mask: Tensor | None, keys: Sequence[Hashable],
+            constraint: StepConstraint | None = None) -> None:
+        """Sentences join: src (B, S) int64 pieces + EOS, right-padded with PAD; src_mask (B, S)
+        bool (default `src != PAD`); a key per sentence, handed back with its hypotheses;
+        `constraint` one row per sentence, needed exactly when the search has one."""
+        src_mask = resolve_mask(src, src_mask)
+        n, k, device = src.size(0), self.k, src.device
+        if n == 0:
+            return
+        if len(keys) != n:
+            raise ValueError(f"{n} sentences but {len(keys)} keys")
+        if self.sentences and (constraint is None) != (self.constraint is None):
+            raise ValueError("sentences that join a constrained search need a constraint, and "
+                             "only those")
+        cache = self.model.new_cache(self.model.encode(src, src_mask), src_mask)
+        expand = torch.arange(n, device=device).repeat_interleave(k)  # (n k,) each sentence k beams
+        cache.reorder(expand, cross_index=None)  # the k beams share the sentence's source side
+        if constraint is not None:
+            constraint.reorder(expand)
+        max_lens = max_output_lengths(src_mask, self.a, self.b, decoder_length_cap(self.model))
+        width = max(int(max_lens.max()), 0 if self.pool is None else self.pool.tok.size(2))
+        s = max(src.size(1), 0 if self.hist_w is None else self.hist_w.size(4))
+        attn_shape = (self.a_rows, s) if self.a_rows else None
+        raw = torch.full((n, k), NEG_INF, device=device)
+        raw[:, 0] = 0.0
+        new = dict(
+            t=torch.zeros(n, dtype=torch.long, device=device), max_lens=max_lens,
+            bound_lp=length_penalty(max_lens.to(torch.float32), self.alpha),  # lp(L), the bound's divisor
+            raw=raw,
+            hist_tok=torch.zeros(n, k, width, dtype=torch.long, device=device),
+            hist_lp=torch.zeros(n, k, width, dtype=torch.float32, device=device),
+            hist_w=torch.zeros(n, k, width, *attn_shape, device=device) if attn_shape else None,
+            last=torch.full((n * k, 1), BOS_ID, dtype=torch.long, device=device))
+        pool = _Pool.empty(n, k, width, device, attn_shape)
+        if not self.sentences:
+            self.cache, self.constraint, self.pool = cache, constraint, pool
+            for name, value in new.items():
+                setattr(self, name, value)
         else:
-            logits, weights = model.decode_step(last, cache, return_attention=True)
-            step_w = attention.select(weights["cross"]).reshape(n, rows_per, 1, a_size)
-            step_w = step_w.expand(n, k, 1, a_size)  # (n, k, 1, A)
+            self.cache = self.cache.extend(cache)  # the model's own join (`KVCache.extend`)
+            if constraint is not None:
+                self.constraint.extend(constraint)
+            self.pool = _Pool.cat([self.pool.widen(width, s), pool], dim=0)
+            for name in ("t", "max_lens", "bound_lp", "raw", "last"):
+                setattr(self, name, torch.cat([getattr(self, name), new[name]]))
+            self.hist_tok = torch.cat([_pad_to(self.hist_tok, width, PAD_ID), new["hist_tok"]])
+            self.hist_lp = torch.cat([_pad_to(self.hist_lp, width, 0.0), new["hist_lp"]])
+            if self.hist_w is not None:
+                self.hist_w = torch.cat([_pad_attn(self.hist_w, width, s), new["hist_w"]])
+        self.keys += list(keys)
+        self.src_lens += src_mask.sum(dim=1).tolist()
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Decode one more position of every live sentence; returns (key, hypotheses best first)
+        of each sentence that finished, which leaves the search (normally `nbest` hypotheses;
+        fewer only when the model gives probability 0 to almost everything)."""
+        n, k, model = self.sentences, self.k, self.model
+        if not n:
+            return []
+        device = self.raw.device
+        if self.attention is None:
+            logits = model.decode_step(self.last, self.cache)  # (n k, V)
+        else:
+            logits, weights = model.decode_step(self.last, self.cache, return_attention=True)
+            step_w = self.attention.select(weights["cross"])  # (n k, L', h', S)
+            step_w = step_w.reshape(n, k, self.a_rows, step_w.size(-1))  # (n, k, A, S)
         vocab = logits.size(-1)
-        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n*r, V) float32
-        left = (max_lens[sent] - t).repeat_interleave(rows_per)  # (n*r,) steps a row may take
-        logp = apply_constraint(logp, constraint, left)  # (n*r, V)
+        t_rows = self.t.repeat_interleave(k)  # (n k,) steps taken so far
+        logp = ban_early_eos(next_token_logprobs(logits), t_rows + 1, self.min_len)  # (n k, V) float32
+        logp = apply_constraint(logp, self.constraint, self.max_lens.repeat_interleave(k) - t_rows)
         n_cand = min(2 * k, k * vocab)
         # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
         # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
         # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
         # (n, k * V), without adding raw to all V log-probs of every row.
         c = min(n_cand, vocab)
-        beam_lp, beam_tok = row_topk(logp, c)  # (n*r, c)
-        if rows_per < k:  # the first step's row stands for the k identical beams (raw -inf but 0)
-            beam_lp = beam_lp.repeat_interleave(k, dim=0)  # (n*k, c)
-            beam_tok = beam_tok.repeat_interleave(k, dim=0)
-        cand_raw = (raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
+        beam_lp, beam_tok = row_topk(logp, c)  # (n k, c)
+        cand_raw = (self.raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
         top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
         top_beam = pos // c
         top_tok = beam_tok.view(n, k * c).gather(1, pos)
         top_lp = beam_lp.view(n, k * c).gather(1, pos)  # (n, 2k) the new token's own log-prob
-        t += 1  # |Y| of every candidate made at this step
+        col = self.t  # (n,) the step each sentence writes: |Y| - 1 of this step's candidates
+        t = self.t = self.t + 1  # (n,) |Y| of every candidate made at this step
         is_eos = top_tok == EOS_ID
         rank = torch.arange(n_cand, device=device)
 
@@ -235,77 +314,103 @@ def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
         beam = top_beam.gather(1, live)
         live_raw = top_raw.gather(1, live)
         live_tok = top_tok.gather(1, live)
-        parent_tok, parent_lp = hist_tok, hist_lp  # (n, k, t-1), before this step
-        hist_tok = torch.cat([_gather_beams(hist_tok, beam), live_tok[:, :, None]], dim=2)
-        hist_lp = torch.cat([_gather_beams(hist_lp, beam), top_lp.gather(1, live)[:, :, None]], 2)
-        parent_w = hist_w
-        if hist_w is not None:
-            hist_w = torch.cat([_gather_beams(hist_w, beam), _gather_beams(step_w, beam)], 2)
+        parent_tok, parent_lp, parent_w = self.hist_tok, self.hist_lp, self.hist_w  # before this step
+        hist_tok = _put_step(_gather_beams(parent_tok, beam), col, live_tok)  # (n, k, W)
+        hist_lp = _put_step(_gather_beams(parent_lp, beam), col, top_lp.gather(1, live))
+        hist_w = None
+        if parent_w is not None:
+            hist_w = _put_step(_gather_beams(parent_w, beam), col, _gather_beams(step_w, beam))
 
         # EOS candidates ranked among the first k finish; at the maximum length the live beams
         # are kept too, cut off.
         ended = is_eos[:, :k] & torch.isfinite(top_raw[:, :k])  # (n, k)
-        at_max = t >= max_lens[sent]  # (n,)
+        at_max = t >= self.max_lens  # (n,)
+        pool = self.pool
         if bool(ended.any() | at_max.any()):  # the step's one host sync besides `done`
             parent = top_beam[:, :k]
             cut = at_max[:, None] & torch.isfinite(live_raw)  # (n, k)
-            lp_t = length_penalty(t, alpha)
+            lp_t = length_penalty(t.to(torch.float32), self.alpha)[:, None]  # (n, 1)
             pool = pool.merge(_Pool.cat([
-                _Pool(tok=_pad_to(_gather_beams(parent_tok, parent), width, PAD_ID),
-                      tlp=_pad_to(torch.cat([_gather_beams(parent_lp, parent),
-                                             top_lp[:, :k, None]], 2), width, 0.0),
-                      length=torch.full_like(parent, t - 1),
+                _Pool(tok=_gather_beams(parent_tok, parent),
+                      tlp=_put_step(_gather_beams(parent_lp, parent), col, top_lp[:, :k]),
+                      length=(t - 1)[:, None].expand(n, k),
                       raw=top_raw[:, :k].masked_fill(~ended, NEG_INF),
                       score=(top_raw[:, :k] / lp_t).masked_fill(~ended, NEG_INF),
                       complete=ended,
-                      attn=None if hist_w is None else _pad_steps(torch.cat(
-                          [_gather_beams(parent_w, parent), _gather_beams(step_w, parent)], 2),
-                          width)),
-                _Pool(tok=_pad_to(hist_tok, width, PAD_ID),
-                      tlp=_pad_to(hist_lp, width, 0.0),
-                      length=torch.full_like(beam, t),
+                      attn=None if parent_w is None else _put_step(
+                          _gather_beams(parent_w, parent), col, _gather_beams(step_w, parent))),
+                _Pool(tok=hist_tok, tlp=hist_lp, length=t[:, None].expand(n, k),
                       raw=live_raw.masked_fill(~cut, NEG_INF),
                       score=(live_raw / lp_t).masked_fill(~cut, NEG_INF),
-                      complete=torch.zeros_like(cut),
-                      attn=None if hist_w is None else _pad_steps(hist_w, width)),
+                      complete=torch.zeros_like(cut), attn=hist_w),
             ]))
 
         done = at_max | ~torch.isfinite(live_raw[:, 0])
-        if early_stop:
-            enough = pool.complete.sum(dim=1) >= nbest
-            divisor = length_penalty(t + 1, alpha) if early_stop == "current" else bound_lp[sent]
+        if self.early_stop:
+            enough = pool.complete.sum(dim=1) >= self.nbest
+            divisor = (length_penalty((t + 1).to(torch.float32), self.alpha)
+                       if self.early_stop == "current" else self.bound_lp)
             best_possible = live_raw[:, 0] / divisor
-            done |= enough & (best_possible <= pool.score[:, nbest - 1])
+            done |= enough & (best_possible <= pool.score[:, self.nbest - 1])
+        finished: list[tuple[Hashable, list[Hypothesis]]] = []
+        cross = None
+        keep = torch.arange(n, device=device)
         if bool(done.any()):
-            final.put_rows(sent[done], pool.rows(done))
+            gone = done.nonzero().squeeze(1).tolist()
+            hyps = _to_hypotheses(pool.rows(done), self.nbest, [self.src_lens[i] for i in gone],
+                                  self.a_shape)
+            finished = [(self.keys[i], h) for i, h in zip(gone, hyps)]
             keep = (~done).nonzero().squeeze(1)  # (m,)
-            sent, pool = sent[keep], pool.rows(keep)
-            beam, live_raw, live_tok = beam[keep], live_raw[keep], live_tok[keep]
+            kept = keep.tolist()
+            self.keys = [self.keys[i] for i in kept]
+            self.src_lens = [self.src_lens[i] for i in kept]
+            if not kept:  # every sentence is done: the search is empty, ready for new ones
+                self.cache = self.constraint = self.pool = None
+                self.hist_tok = self.hist_lp = self.hist_w = None
+                return finished
+            pool, beam, live_raw, live_tok = pool.rows(keep), beam[keep], live_raw[keep], live_tok[keep]
             hist_tok, hist_lp = hist_tok[keep], hist_lp[keep]
             hist_w = None if hist_w is None else hist_w[keep]
-        else:
-            keep = torch.arange(n, device=device)
-        if not sent.numel():
-            break
+            for name in ("t", "max_lens", "bound_lp"):
+                setattr(self, name, getattr(self, name)[keep])
+            cross = keep
+        self.pool, self.hist_tok, self.hist_lp, self.hist_w = pool, hist_tok, hist_lp, hist_w
         # One gather both drops finished sentences and puts each beam's parent state in place.
         # The k beams of a sentence share its cross-attention keys/values (stored once), so
-        # those move only when sentences leave the batch.
-        cross = keep if keep.numel() != n else None  # (m,)
-        # At the first step every beam's parent is its sentence's one row (beams other than 0
-        # are dead there: raw -inf, their state unused).
-        rows = (keep[:, None] * rows_per + beam.clamp(max=rows_per - 1)).view(-1)  # (m*k,)
-        cache.reorder(rows, cross_index=cross)
-        rows_per = k
-        if constraint is not None:
-            constraint.reorder(rows)
-            constraint.advance(live_tok.reshape(-1))
-        raw = live_raw
-        last = live_tok.reshape(-1, 1)
-    return _to_hypotheses(final, nbest, w_shape, src_mask.sum(dim=1).tolist())
+        # those move only when sentences leave.
+        rows = (keep[:, None] * k + beam).view(-1)  # (m k,)
+        self.cache.reorder(rows, cross_index=cross)
+        if self.constraint is not None:
+            self.constraint.reorder(rows)
+            self.constraint.advance(live_tok.reshape(-1))
+        self.raw = live_raw
+        self.last = live_tok.reshape(-1, 1)
+        return finished
 
 
-def _to_hypotheses(final: _Pool, nbest: int, w_shape: tuple[int, int, int] | None = None,
-                   src_lens: list[int] | None = None) -> list[list[Hypothesis]]:
+def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
+                beam_size: int | None = None, alpha: float | None = None,
+                max_len_a: float | None = None, max_len_b: float | None = None,
+                nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
+                attention: AttentionRequest | None = None,
+                constraint: StepConstraint | None = None) -> list[list[Hypothesis]]:
+    """Beam search over a batch that starts together (`BeamSearch`, whose arguments these are).
+    src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask: (B, S) bool, True at real
+    tokens (default `src != PAD`); `constraint` one row per sentence when given.
+
+    Returns per sentence, in batch order, up to `nbest` hypotheses best first."""
+    search = BeamSearch(model, beam_size, alpha, max_len_a, max_len_b, nbest, early_stop,
+                        min_len, attention)
+    out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    search.add(src, src_mask, range(src.size(0)), constraint)
+    while search.sentences:
+        for i, hyps in search.step():
+            out[i] = hyps
+    return out
+
+
+def _to_hypotheses(final: _Pool, nbest: int, src_lens: list[int],
+                   a_shape: tuple[int, int] | None = None) -> list[list[Hypothesis]]:
     """The first `nbest` non-empty pool entries of each sentence as `Hypothesis` lists (with
     their attention, (L', h', steps, S_i), when the pool kept it)."""
     out = []
@@ -318,8 +423,10 @@ def _to_hypotheses(final: _Pool, nbest: int, w_shape: tuple[int, int, int] | Non
             if score[i][j] == NEG_INF:
                 continue
             steps = length[i][j] + int(complete[i][j])
-            w = (None if final.attn is None
-                 else unflatten_attention(final.attn[i, j], steps, w_shape, src_lens[i]))
+            w = None
+            if final.attn is not None:  # (steps, L' h', S_i) -> (L', h', steps, S_i)
+                w = final.attn[i, j, :steps, :, : src_lens[i]].reshape(steps, *a_shape, -1)
+                w = w.permute(1, 2, 0, 3).contiguous()
             hyps.append(Hypothesis(tok[i][j][: length[i][j]], score[i][j], raw[i][j],
                                    bool(complete[i][j]), tlp[i][j][:steps], w))
         out.append(hyps)

@@ -141,12 +141,16 @@ def next_token_logprobs(logits: Tensor) -> Tensor:
     return logp
 
 
-def ban_early_eos(logp: Tensor, step: int, min_len: int) -> Tensor:
+def ban_early_eos(logp: Tensor, step: int | Tensor, min_len: int) -> Tensor:
     """Not in the paper (off when min_len <= 1): forbid EOS at decoding step `step` (1-based,
     the |Y| an EOS chosen now would give) while step < min_len, so every complete hypothesis has
     |Y| >= min_len, EOS counted. Benchmarks use it to make every system decode the same number of
-    steps. logp: (N, V), changed in place and returned."""
-    if step < min_len:
+    steps. logp: (N, V), changed in place and returned; `step` one for all rows, or (N,) each
+    row's own."""
+    if isinstance(step, Tensor):
+        if min_len > 1:
+            logp[:, EOS_ID] = logp[:, EOS_ID].masked_fill(step < min_len, float("-inf"))
+    elif step < min_len:
         logp[:, EOS_ID] = float("-inf")
     return logp
 

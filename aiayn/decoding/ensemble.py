@@ -40,6 +40,11 @@ class EnsembleCache:
         for cache in self.members:
             cache.reorder(index, cross_index=cross_index)
 
+    def extend(self, other: "EnsembleCache") -> "EnsembleCache":
+        """Sentences joining later: each member's state extended by theirs."""
+        self.members = [mine.extend(theirs) for mine, theirs in zip(self.members, other.members)]
+        return self
+
 
 class Ensemble:
     """`members` (models with the decoding API, in eval mode for search) decoded as one model

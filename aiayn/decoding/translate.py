@@ -16,29 +16,24 @@ Input rules, per line (`Translator.prepare`):
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from aiayn.data.batching import length_batches
 from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding import precision as decode_precision
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
-from aiayn.decoding.beam import beam_search
 from aiayn.decoding.common import (
     AttentionRequest,
     Hypothesis,
     StepConstraint,
     check_index,
     decoding_defaults,
-    source_batch,
 )
-from aiayn.decoding.greedy import greedy_search
+from aiayn.decoding.engine import SearchEngine
 from aiayn.errors import UserError
-from aiayn.model.attention import decoding_kernels
 from aiayn.model.io import LoadedModel
 from aiayn.progress import Progress
 
@@ -103,11 +98,6 @@ def model_device(model: Any) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def model_dtype(model: Any) -> torch.dtype:
-    p = _first_parameter(model)
-    return p.dtype if p is not None else torch.float32
-
-
 # Builds the step constraint of a batch: (indices of the batch's sentences into the sources,
 # device) -> `aiayn.decoding.common.StepConstraint` (e.g. `aiayn.parsing.constrain`)
 ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
@@ -119,41 +109,31 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     """Search every source (subword ids, no specials; must be non-empty) and return, in input
     order, its hypotheses best first (one for greedy, up to `options.nbest` for beam search).
 
-    The model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
-    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
-    unless its weights are bf16 already.
-    Sources must fit the model (`Translator.prepare` truncates). Progress (aiayn/progress.py, stderr) counts
-    sentences. `constraint`, when given, builds each batch's step constraint."""
+    The sources go through one `aiayn.decoding.engine.SearchEngine`, longest first: sentences
+    join the search as others finish, within `options.batch_tokens` (live sentences x their
+    longest source) and `options.batch_size`. The model runs on its own device in eval mode (a
+    model in training mode, e.g. for dev BLEU during training, goes back to training mode
+    afterwards); with `bf16` under bf16 autocast unless its weights are bf16 already.
+    Sources must fit the model (`Translator.prepare` truncates). Progress (aiayn/progress.py,
+    stderr) counts sentences. `constraint`, when given, builds the step constraint of the
+    sentences that join together (their indices into `sources`)."""
     cfg = decoding_defaults(model)
     options.validate(cfg)
-    device = model_device(model)
     results: list[list[Hypothesis]] = [[] for _ in sources]
-    # A model whose weights are already bf16 (`Translator(precision="bf16")`) runs as it is;
-    # autocast would re-cast fp32 weights at every decoding step, and run LayerNorm in fp32.
-    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-                if bf16 and model_dtype(model) != torch.bfloat16 else nullcontext())
     was_training = bool(getattr(model, "training", False))
     if was_training:
         model.eval()
     try:
+        engine = SearchEngine(model, options, bf16, constraint)
+        for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
+            engine.submit(i, sources[i])
         with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
-                      leave=False) as bar, autocast, decoding_kernels(device):
-            for batch in length_batches([len(s) for s in sources], options.batch_tokens,
-                                        max_sentences=options.batch_size):
-                src, src_mask = source_batch([sources[i] for i in batch], device)
-                step = None if constraint is None else constraint(batch, device)
-                if options.greedy:
-                    found = [[h] for h in greedy_search(model, src, src_mask, options.max_len_a,
-                                                        options.max_len_b, options.min_len,
-                                                        options.attention, step)]
-                else:
-                    found = beam_search(model, src, src_mask, options.beam_size, options.alpha,
-                                        options.max_len_a, options.max_len_b, options.nbest,
-                                        early_stop=options.early_stop, min_len=options.min_len,
-                                        attention=options.attention, constraint=step)
-                for i, hyps in zip(batch, found):
+                      leave=False) as bar:
+            while engine.busy:
+                done = engine.step()
+                for i, hyps in done:
                     results[i] = hyps
-                bar.update(len(batch))
+                bar.update(len(done))
     finally:
         if was_training:
             model.train()
@@ -257,6 +237,72 @@ class Translator:
         for i, hyps in zip(todo, found):
             out[i] = hyps
         return out
+
+    def engine(self, nbest: int = 1, attention: AttentionRequest | None = None) -> SearchEngine:
+        """A decoding engine with this translator's model and search settings (`aiayn serve`
+        keeps one per search setting): token ids in (`prepare`), hypotheses out as each
+        sentence finishes."""
+        options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
+        return SearchEngine(self.model, options, self.bf16)
+
+    def stream(self, groups: Iterable[list[str]], nbest: int = 1
+               ) -> Iterator[list[tuple[int, list[Hypothesis]]]]:
+        """Translate lines as they come, through one `SearchEngine` for the whole input: yields,
+        whenever some are ready, the next lines' (0-based index, hypotheses best first) in input
+        order, each as soon as it and every line before it are done (a blank line: one empty
+        hypothesis). `groups` yields lists of lines (`aiayn.commands.common.input_groups`); a
+        background thread reads them, at most two groups ahead, so the search goes on decoding
+        while the input is slow, and only waits for input when it has nothing to decode: a
+        program that sends a line and waits gets its translation. Within a group, lines join
+        the search longest first. A reading error (bad UTF-8, say) is raised here, after the
+        lines before it."""
+        import queue
+        import threading
+
+        engine = self.engine(nbest)
+        inbox: queue.Queue = queue.Queue(maxsize=2)
+        end = object()
+
+        def read() -> None:
+            try:
+                for group in groups:
+                    inbox.put(group)
+                inbox.put(end)
+            except BaseException as e:  # handed to the consumer, raised there
+                inbox.put(e)
+
+        threading.Thread(target=read, name="aiayn-input", daemon=True).start()
+        done: dict[int, list[Hypothesis]] = {}
+        n_read = n_out = 0
+        ended, failure = False, None
+        while True:
+            ready = []
+            while n_out in done:
+                ready.append((n_out, done.pop(n_out)))
+                n_out += 1
+            if ready:
+                yield ready
+            while not ended:  # take what input there is; wait for it only with nothing to do
+                try:
+                    item = inbox.get(block=not engine.busy)
+                except queue.Empty:
+                    break
+                if item is end:
+                    ended = True
+                    break
+                if isinstance(item, BaseException):  # raised once the lines before it are out
+                    failure, ended = item, True
+                    break
+                sources = self.prepare(item, first_line=n_read + 1)
+                for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
+                    engine.submit(n_read + i, sources[i])
+                n_read += len(sources)
+            if engine.busy:
+                done.update(engine.step())
+            elif ended and n_out == n_read:
+                if failure is not None:
+                    raise failure
+                return
 
     def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1,
                   constraint: ConstraintFactory | None = None) -> list[str]:

@@ -138,6 +138,13 @@ class MultiHeadAttention(nn.Module):
         (B, h, T, S) weights when asked (explicit path; same outputs as the fused kernel).
         A `Band` mask (restricted self-attention) computes only each query's window; asked for
         weights, it is made dense (for pictures, not speed)."""
+        out, w = self.heads(q, k, v, mask, is_causal, need_weights)
+        return self.out_proj(out), w
+
+    def heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Band | None,
+              is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """`attend` without W^O: Concat(head_1..head_h), (B, T, h d_v), and the weights when
+        asked. Decoding attends row groups apart and projects them together."""
         p = self.p_attn_drop if self.training else 0.0
         if isinstance(mask, Band):
             if need_weights:
@@ -145,7 +152,7 @@ class MultiHeadAttention(nn.Module):
             else:
                 out = banded_attention(q, k, v, mask, p)  # (B, h, T, d_v)
                 b, _, t, _ = out.shape
-                return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_v)), None
+                return out.transpose(1, 2).reshape(b, t, self.h * self.d_v), None
         if need_weights:
             if is_causal:
                 mask = causal_mask(q.size(-2), q.device)
@@ -156,5 +163,4 @@ class MultiHeadAttention(nn.Module):
                                                      is_causal=is_causal and mask is None)
             w = None
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.h * self.d_v)  # (B, T, h d_v): Concat(heads)
-        return self.out_proj(out), w
+        return out.transpose(1, 2).reshape(b, t, self.h * self.d_v), w  # (B, T, h d_v): Concat(heads)

@@ -59,6 +59,10 @@ class KVCache:
     One tensor per layer (not one (L, ...) tensor) so that `reorder` and growth replace a layer's
     buffer at a time: the cache's peak is itself plus one layer's buffer, where a whole second copy
     doubled it.
+
+    Every row is at the same position, `length`. Sentences that start later (a decoding engine
+    letting them join a running search) get a cache of their own: `extend` makes the two a
+    `CacheCohorts`, copying nothing.
     """
 
     self_k: list[Tensor]
@@ -156,6 +160,11 @@ class KVCache:
         self.cross_v = self.cross_v.index_select(1, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
 
+    def extend(self, other: "KVCache | CacheCohorts") -> "CacheCohorts":
+        """This cache's rows, then `other`'s (sentences that joined later, at their own
+        positions): one batch of cohorts, nothing copied."""
+        return CacheCohorts([self]).extend(other)
+
     @classmethod
     def allocate(cls, n_layers: int, batch: int, n_heads: int, d_k: int, d_v: int,
                  cross_k: Tensor, cross_v: Tensor, src_mask: Tensor, capacity: int,
@@ -168,3 +177,73 @@ class KVCache:
             self_v=[torch.zeros(batch, n_heads, capacity, d_v, **opts) for _ in range(n_layers)],
             cross_k=cross_k, cross_v=cross_v, src_mask=src_mask, window=window,
         )
+
+
+@dataclass
+class CacheCohorts:
+    """Rows of several `KVCache`s decoded as one batch: cohorts of sentences that began
+    decoding at different steps, each cohort's rows at one position of their own (its `length`).
+    The batch's rows are the cohorts' rows one after the other. A decoding step runs the
+    position-wise work (projections, FFN, output layer) on every row at once and attention per
+    cohort (`aiayn.model.layers.DecoderLayer.step`), over exactly the positions that cohort has
+    decoded and its own sources: nothing is padded, masked or copied to put rows of different
+    ages in one rectangle, and a reorder moves each cohort's filled positions only.
+
+    A reorder never moves a row to another cohort (beam search reorders the beams of a sentence,
+    which stay in its cohort, and drops finished sentences): `reorder`'s index selects rows of
+    each cohort in order, and a cohort left with no rows is dropped."""
+
+    parts: list[KVCache]
+
+    @property
+    def batch_size(self) -> int:
+        return sum(p.batch_size for p in self.parts)
+
+    @property
+    def group(self) -> int:
+        return self.parts[0].group
+
+    def extend(self, other: "KVCache | CacheCohorts") -> "CacheCohorts":
+        more = other.parts if isinstance(other, CacheCohorts) else [other]
+        if any(p.group != self.group or p.window != self.parts[0].window for p in more):
+            raise ValueError("caches of different beam groups or windows cannot be joined")
+        self.parts = self.parts + list(more)
+        return self
+
+    def slices(self) -> list[tuple[KVCache, slice]]:
+        """Each cohort with its rows in the batch."""
+        out, at = [], 0
+        for p in self.parts:
+            out.append((p, slice(at, at + p.batch_size)))
+            at += p.batch_size
+        return out
+
+    def reorder(self, index: Tensor, cross_index: Tensor | None | bool = True) -> None:
+        """`KVCache.reorder` over the whole batch: index (B',) selects rows within their
+        cohorts, cohort by cohort (a cohort's rows may be permuted among themselves);
+        `cross_index` as there, a tensor likewise cohort by cohort."""
+        rows = _split(index, [p.batch_size for p in self.parts])
+        if cross_index is None or cross_index is True:
+            cross = [cross_index] * len(self.parts)
+        else:
+            cross = _split(cross_index, [p.src_mask.size(0) for p in self.parts])
+        kept = []
+        for p, mine, ci in zip(self.parts, rows, cross):
+            if mine.numel():
+                p.reorder(mine, cross_index=ci)
+                kept.append(p)
+        self.parts = kept
+
+
+def _split(index: Tensor, sizes: list[int]) -> list[Tensor]:
+    """A batch-wide row index, ascending by cohort (each cohort's entries together, in cohort
+    order), as one local index per cohort of `sizes` rows."""
+    sizes_t = torch.tensor(sizes)
+    firsts = sizes_t.cumsum(0) - sizes_t  # (C,) each cohort's first row
+    which = torch.bucketize(index.cpu(), firsts, right=True) - 1  # (B',) the cohort of each entry
+    counts = torch.bincount(which, minlength=len(sizes)).tolist()
+    out, at = [], 0
+    for n, first in zip(counts, firsts.tolist()):
+        out.append(index[at: at + n] - first)
+        at += n
+    return out

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
 from aiayn.model.attention import MultiHeadAttention, attention_weights, unfused_decoding
 from aiayn.model.banded import Band
-from aiayn.model.cache import KVCache
+from aiayn.model.cache import CacheCohorts, KVCache
 from aiayn.model.dropout import dropout
 
 
@@ -88,7 +89,7 @@ class DecoderLayer(nn.Module):
         y = self.res_cross.out(y, a)
         return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
 
-    def step(self, y: Tensor, cache: KVCache, layer: int,
+    def step(self, y: Tensor, cache: KVCache | CacheCohorts, layer: int,
              need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One decoding position. y: (B, 1, d_model); appends this layer's k/v to the cache and
         attends to every position the cache returns (with restricted attention, the window).
@@ -96,29 +97,58 @@ class DecoderLayer(nn.Module):
         cached positions and the cross-attention (B, h, 1, S) weights. Where the step attends
         with Eq. 1 written out (`unfused_decoding`: CPU, float32) they are that path's own;
         elsewhere they are computed beside the fused kernel (Eq. 1 again from the same q and k).
-        Either way the outputs stay bit-identical to a step without weights."""
+        Either way the outputs stay bit-identical to a step without weights.
+        A `CacheCohorts` (rows that began decoding at different steps) is attended cohort by
+        cohort, each over its own positions and sources; projections and the FFN take every row
+        at once; its weights are zero-padded to the longest cohort's positions and sources."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
-        k_all, v_all = cache.append(layer, k, v)  # (B, h, n, d_k), (B, h, n, d_v), n <= t+1
-        explicit = unfused_decoding(q)
-        a, w_self = self.self_attn.attend(q, k_all, v_all, None, need_weights=explicit)
-        if not need_weights:
-            w_self = None
-        elif w_self is None:
-            w_self = attention_weights(q, k_all)
-        y = self.res_self.out(y, a)
+        parts = cache.slices() if isinstance(cache, CacheCohorts) else [(cache, slice(None))]
+        heads, w_self = [], []
+        for part, rows in parts:
+            k_all, v_all = part.append(layer, k[rows], v[rows])  # (b, h, n, d_k), (b, h, n, d_v)
+            a, w = self._self_heads(q[rows], k_all, v_all, need_weights)
+            heads.append(a)
+            w_self.append(w)
+        y = self.res_self.out(y, self.self_attn.out_proj(torch.cat(heads) if len(heads) > 1 else heads[0]))
         q = self.cross_attn.project_q(self.res_cross.inp(y))  # (B, h, 1, d_k)
+        heads, w_cross = [], []
+        for part, rows in parts:
+            a, w = self._cross_heads(q[rows], part, layer, need_weights)
+            heads.append(a)
+            w_cross.append(w)
+        y = self.res_cross.out(y, self.cross_attn.out_proj(torch.cat(heads) if len(heads) > 1 else heads[0]))
+        if len(parts) == 1:
+            w_self, w_cross = w_self[0], w_cross[0]
+        elif need_weights:  # cohorts differ in positions and source width: zero-padded to the most
+            w_self, w_cross = _cat_padded(w_self), _cat_padded(w_cross)
+        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
+
+    def _self_heads(self, q: Tensor, k_all: Tensor, v_all: Tensor, need_weights: bool
+                    ) -> tuple[Tensor, Tensor | None]:
+        explicit = unfused_decoding(q)
+        a, w = self.self_attn.heads(q, k_all, v_all, None, need_weights=explicit)
+        if not need_weights:
+            return a, None
+        return a, w if w is not None else attention_weights(q, k_all)
+
+    def _cross_heads(self, q: Tensor, cache: KVCache, layer: int, need_weights: bool
+                     ) -> tuple[Tensor, Tensor | None]:
         b, h, g = q.size(0), q.size(1), cache.group
         # The g rows of one source sentence (its beams) are g queries against its keys, which
         # the cache holds once: (N, h, g, d_k)
         q = q.reshape(b // g, g, h, q.size(-1)).transpose(1, 2)
         cross_mask = cache.src_mask[:, None, None, :]  # (N, 1, 1, S)
-        a, w = self.cross_attn.attend(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask,
-                                      need_weights=explicit)
-        a = a.reshape(b, 1, a.size(-1))  # (N, g, d_model) -> (B, 1, d_model)
-        w_cross = None
-        if need_weights:
-            if w is None:
-                w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
-            w_cross = w.transpose(1, 2).reshape(b, h, 1, w.size(-1))  # (B, h, 1, S)
-        y = self.res_cross.out(y, a)
-        return self.res_ffn.out(y, self.ffn(self.res_ffn.inp(y))), w_self, w_cross
+        a, w = self.cross_attn.heads(q, cache.cross_k[layer], cache.cross_v[layer], cross_mask,
+                                     need_weights=unfused_decoding(q))
+        a = a.reshape(b, 1, a.size(-1))  # (N, g, h d_v) -> (B, 1, h d_v)
+        if not need_weights:
+            return a, None
+        if w is None:
+            w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
+        return a, w.transpose(1, 2).reshape(b, h, 1, w.size(-1))  # (B, h, 1, S)
+
+
+def _cat_padded(ws: list[Tensor]) -> Tensor:
+    """(b_i, h, 1, n_i) weights -> (sum b_i, h, 1, max n_i), zero past each n_i."""
+    n = max(w.size(-1) for w in ws)
+    return torch.cat([F.pad(w, (0, n - w.size(-1))) for w in ws])

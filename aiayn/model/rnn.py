@@ -82,6 +82,25 @@ class RNNState:
         self.keys = self.keys.index_select(0, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
 
+    def extend(self, other: "RNNState") -> "RNNState":
+        """Add `other`'s rows after these (sentences joining a batch that is already decoding;
+        the recurrence needs no positions), the source side padded to the longer source; returns
+        this state."""
+        if other.group != self.group:
+            raise ValueError("states of different beam groups cannot be joined")
+        s = max(self.src_mask.size(1), other.src_mask.size(1))
+
+        def join(a: Tensor, b: Tensor) -> Tensor:  # (N, S, ...) padded along S, then stacked
+            pad = lambda x: x if x.size(1) == s else torch.cat(  # noqa: E731
+                [x, x.new_zeros(x.size(0), s - x.size(1), *x.shape[2:])], 1)
+            return torch.cat([pad(a), pad(b)])
+
+        self.state = torch.cat([self.state, other.state])
+        self.memory, self.keys = join(self.memory, other.memory), join(self.keys, other.keys)
+        self.src_mask = join(self.src_mask, other.src_mask)
+        self.length = max(self.length, other.length)
+        return self
+
 
 class RNNSearch(nn.Module):
     """Bidirectional-GRU encoder, additive attention, GRU decoder; see the module docstring.

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from aiayn.config import Config
 from aiayn.model.banded import Band
-from aiayn.model.cache import GROW, KVCache
+from aiayn.model.cache import GROW, CacheCohorts, KVCache
 from aiayn.model.dropout import dropout, word_dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import DecoderLayer, EncoderLayer
@@ -157,22 +157,29 @@ class Transformer(nn.Module):
         return cache
 
     def decode_step(self, tokens: Tensor, cache: KVCache, return_attention: bool = False):
-        """Feed one token per row, (B, 1), at position `cache.length`; returns next-token logits
-        (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
+        """Feed one token per row, (B, 1), at position `cache.length` (a `CacheCohorts`: each
+        cohort's rows at its own); returns next-token logits (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
         With `return_attention` also returns {"self": [(B, h, 1, t+1)], "cross": [(B, h, 1, S)]},
         one entry per layer: this step's weights, equal to row t of a teacher-forced `decode`
         (tested); the logits are the same as without it. With restricted attention the self
         entries cover only the window the cache holds, in the cache's order."""
-        t = cache.length
-        cache.ensure_capacity(t + 1)
-        y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=t)
+        parts = cache.parts if isinstance(cache, CacheCohorts) else [cache]
+        for part in parts:
+            part.ensure_capacity(part.length + 1)
+        if len(parts) == 1:
+            y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=parts[0].length)
+        else:  # each cohort at its own position
+            y = self.target_embedding(tokens)  # (B, 1, d_model)
+            pos = torch.cat([self.tgt_pos(1, p.length).expand(p.batch_size, -1) for p in parts])
+            y = dropout(y + pos[:, None].to(y.dtype), self.cfg.p_drop, self.training)
         ws, wc = [], []
         for i, layer in enumerate(self.decoder):
             # a windowed cache holds exactly the window: no mask
             y, w_self, w_cross = layer.step(y, cache, i, need_weights=return_attention)
             ws.append(w_self)
             wc.append(w_cross)
-        cache.length = t + 1
+        for part in parts:
+            part.length += 1
         if self.dec_norm is not None:
             y = self.dec_norm(y)
         logits = self.logits(y[:, 0])  # (B, V_tgt)

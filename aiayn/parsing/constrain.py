@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.parsing.linearize import PTB_TAGS, SLOT
@@ -153,6 +154,29 @@ class TreeConstraint:
         """Row i becomes old row index[i] (beams reordered, finished sentences dropped)."""
         for name in ("sent", "placed", "depth", "started", "stack", "opened_at"):
             setattr(self, name, getattr(self, name)[index])
+
+    def extend(self, other: "TreeConstraint") -> None:
+        """Add `other`'s rows after these (sentences joining a search that is already running);
+        the per-sentence tables keep only the sentences a row still refers to."""
+        used = torch.unique(self.sent)  # (U,) sorted
+        remap = torch.zeros(self.n_words.numel(), dtype=torch.long, device=self.sent.device)
+        remap[used] = torch.arange(used.numel(), device=used.device)
+        tables = [self.table if self.table is None else self.table[used], other.table]
+        if any(t is not None for t in tables):
+            counts = (used.numel(), other.n_words.numel())
+            tables = [self._any_table(n) if t is None else t for t, n in zip(tables, counts)]
+            w = max(t.size(1) for t in tables)
+            c = max(t.size(2) for t in tables)
+            self.table = torch.cat([F.pad(t, (0, c - t.size(2), 0, w - t.size(1)), value=NO_ID)
+                                    for t in tables])
+        self.sent = torch.cat([remap[self.sent], other.sent + used.numel()])
+        self.n_words = torch.cat([self.n_words[used], other.n_words])
+        for name in ("placed", "depth", "started", "stack", "opened_at"):
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+
+    def _any_table(self, n: int) -> Tensor:
+        """A slot table (n, 1, 1) that lets every word of n sentences take any slot token."""
+        return torch.full((n, 1, 1), ANY_SLOT, dtype=torch.long, device=self.sent.device)
 
     def allowed(self, steps_left: Tensor | None = None) -> Tensor:
         """(R, V) bool: the tokens each row may write next. With `steps_left` (R,), the tokens

@@ -1,4 +1,5 @@
-"""Dynamic batching: requests that arrive together share one beam search, run by one worker thread.
+"""Continuous batching: requests share one running beam search, joining it at any step and
+leaving as soon as their sentences are done; one worker thread runs the model.
 
 Why a hand-written batcher: the serving libraries of the field that batch (Triton, TorchServe,
 Ray Serve) are servers of their own; inside one uvicorn process the job is a queue and a thread.
@@ -6,22 +7,26 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
 - `Batcher.submit(key, sources)` queues a job (one request's sentences, as token ids) and returns
   a `concurrent.futures.Future` at once; the event loop awaits it (`asyncio.wrap_future`) and so
   never blocks on the model.
-- The worker thread takes the oldest job, then every other queued job with the same `key` (search
-  settings) in arrival order while the batch cost, sentences x longest source, stays within the
-  token budget; it starts as soon as the budget is full, or `max_wait` seconds after the oldest
-  job arrived. While the model is busy, new jobs gather, so under load batches fill without
-  waiting. After a batch that answered several requests, the next one also waits until
-  `max_wait` after it ended: clients that send their next request as soon as they have an answer
-  (a closed loop) then join the others instead of settling into two groups that take turns, each
-  in half-full batches. A lone client waits no longer than before (its next request arrives after
-  the batch ended anyway). One call of `search(key, sources)` runs the whole batch; results go
-  back per job.
+- The worker keeps one decoding engine per `key` (search settings; `engine(key)`, an
+  `aiayn.decoding.engine.SearchEngine` in the server), and steps every engine that has work,
+  one decoding step each in turn. A job's sentences go into its key's engine, which lets them
+  join its search as soon as it has room (`--batch-tokens`); each job is answered the step its
+  last sentence finishes, without waiting for the rest of the batch.
+- While the engines are busy, queued jobs join them at the next step (a key's jobs go in once
+  its engine has none of its own still waiting for room, so the queue below keeps its meaning).
+  When nothing is being decoded the worker waits for work as it always did: it takes the oldest
+  job, then every other queued job with the same key in arrival order while sentences x longest
+  source stays within the token budget, and starts as soon as the budget is full or `max_wait`
+  seconds after the oldest job arrived. After a step that finished several requests, it also
+  waits until `max_wait` after that: clients that send their next request as soon as they have
+  an answer (a closed loop) then join the others instead of settling into groups that take
+  turns.
 - The queue is bounded in sentences: `submit` raises `QueueFull` rather than queueing more.
   `cancel(job)` (a client that went away, a timeout) removes a waiting job at once, freeing its
-  place; a job already running finishes and its result is dropped.
+  place; a job already in an engine finishes and its result is dropped.
 
-Batching never changes a sentence's result as long as `search` does not: `aiayn translate`
-batches the same way (tested: batched = one sentence at a time).
+Batching never changes a sentence's result as long as the engine does not: a sentence's
+hypotheses do not depend on the others in its search (aiayn/decoding/engine.py, tested).
 """
 
 from __future__ import annotations
@@ -62,22 +67,37 @@ def batch_cost(n_sentences: int, longest: int) -> int:
 
 @dataclass(frozen=True)
 class BatchStats:
+    """One decoding step of one engine: the sentences and requests it decoded, how long it took,
+    and how many sentences it finished."""
+
     sentences: int
     jobs: int
     seconds: float
+    finished: int = 0
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job inside an engine: its results so far and how many are still missing."""
+
+    job: Job
+    results: list
+    left: int
 
 
 class Batcher:
-    """One worker thread running `search(key, sources) -> per-source results` on gathered jobs.
+    """One worker thread stepping one engine per search key (`engine(key)`: an object with
+    `submit(key, ids)`, `step() -> [(key, result), ...]`, `busy` and `waiting`, as
+    `aiayn.decoding.engine.SearchEngine`) over the jobs' sentences.
 
-    batch_tokens: the cost budget of one batch (a single job over it runs alone);
-    max_wait: seconds the oldest waiting job may wait for company; max_queue: sentences waiting;
-    on_batch: called by the worker after each batch (metrics)."""
+    batch_tokens: the token budget of the jobs taken together when the worker is idle (a single
+    job over it goes alone); max_wait: seconds the oldest waiting job may wait for company;
+    max_queue: sentences waiting; on_batch: called by the worker after each step (metrics)."""
 
-    def __init__(self, search: Callable[[Hashable, list[list[int]]], Sequence[Any]], *,
-                 batch_tokens: int = 4000, max_wait: float = 0.01, max_queue: int = 1024,
+    def __init__(self, engine: Callable[[Hashable], Any], *, batch_tokens: int = 4000,
+                 max_wait: float = 0.01, max_queue: int = 1024,
                  on_batch: Callable[[BatchStats], None] | None = None):
-        self.search = search
+        self.engine_for = engine
         self.batch_tokens = batch_tokens
         self.max_wait = max_wait
         self.max_queue = max_queue
@@ -87,13 +107,15 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._last_end = float("-inf")  # when the previous batch ended (worker thread only)
+        self._last_end = float("-inf")  # when the last step that answered requests ended
         self._last_jobs = 0  # how many requests it answered
+        self._engines: dict[Hashable, Any] = {}  # worker thread only, as below
+        self._running: dict[Hashable, dict[int, _Running]] = {}  # per key: id(job) -> its state
 
     # --- the event loop's side -----------------------------------------------------------------
     @property
     def pending(self) -> int:
-        """Sentences waiting for the model (not counting the batch running now)."""
+        """Sentences waiting for the model (not counting those in an engine)."""
         return self._pending
 
     def submit(self, key: Hashable, sources: Sequence[Sequence[int]]) -> Job:
@@ -126,7 +148,8 @@ class Batcher:
         self._thread.start()
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Finish the running batch, fail every waiting job with `ShuttingDown`, end the thread."""
+        """Finish the jobs in the engines, fail every waiting job with `ShuttingDown`, end the
+        thread."""
         with self._cond:
             self._stopping = True
             left = list(self._queue)
@@ -157,15 +180,17 @@ class Batcher:
 
     def deadline(self) -> float:
         """When the next batch starts at the latest, unless its budget fills first: `max_wait`
-        after the oldest waiting job arrived or, after a batch of several requests, after that
-        batch ended, whichever is later. Call with the queue non-empty, holding the lock."""
+        after the oldest waiting job arrived or, after a step that answered several requests,
+        after that step ended, whichever is later. Call with the queue non-empty, holding the
+        lock."""
         start = self._queue[0].enqueued
         if self._last_jobs > 1:
             start = max(start, self._last_end)
         return start + self.max_wait
 
     def next_batch(self) -> list[Job]:
-        """Block until a batch is ready and take it off the queue ([] once stopping)."""
+        """Block until a batch is ready and take it off the queue ([] once stopping): what the
+        worker does when no engine has work."""
         with self._cond:
             while not self._queue and not self._stopping:
                 self._cond.wait()
@@ -181,36 +206,92 @@ class Batcher:
                         self._cond.wait()
             if self._stopping:
                 return []
-            for job in picked:
-                self._queue.remove(job)
-                self._pending -= len(job.sources)
-            return picked
+            return self._take(picked)
 
-    def run_batch(self, jobs: list[Job]) -> None:
-        """Search every sentence of the jobs in one call and hand each job its results."""
-        jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
-        if not jobs:
-            return
-        sources = [s for j in jobs for s in j.sources]
-        start = time.perf_counter()
-        try:
-            results = list(self.search(jobs[0].key, sources))
-        except BaseException as e:  # the requests get the error; the worker lives on
-            for job in jobs:
-                job.future.set_exception(e)
-            return
-        seconds = time.perf_counter() - start
-        self._last_end, self._last_jobs = time.monotonic(), len(jobs)
-        if self.on_batch is not None:  # before the answers: metrics read after one must count it
-            self.on_batch(BatchStats(len(sources), len(jobs), seconds))
-        at = 0
+    def joining(self) -> list[Job]:
+        """Without waiting: the queued jobs whose key's engine has nothing of its own waiting
+        for room, in arrival order (what the worker takes while engines are busy)."""
+        with self._cond:
+            free = {}
+            picked = []
+            for job in self._queue:
+                if job.key not in free:
+                    engine = self._engines.get(job.key)
+                    free[job.key] = engine is None or not engine.waiting
+                if free[job.key]:
+                    picked.append(job)
+            return self._take(picked)
+
+    def _take(self, jobs: list[Job]) -> list[Job]:
+        for job in jobs:  # holding the lock
+            self._queue.remove(job)
+            self._pending -= len(job.sources)
+        return jobs
+
+    def admit(self, jobs: list[Job]) -> None:
+        """Hand the jobs' sentences to their keys' engines (a job cancelled meanwhile is
+        dropped)."""
         for job in jobs:
-            job.future.set_result(results[at: at + len(job.sources)])
-            at += len(job.sources)
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            if not job.sources:
+                job.future.set_result([])
+                continue
+            engine = self._engines.get(job.key)
+            if engine is None:
+                engine = self._engines[job.key] = self.engine_for(job.key)
+                self._running[job.key] = {}
+            self._running[job.key][id(job)] = _Running(job, [None] * len(job.sources),
+                                                       len(job.sources))
+            for i, ids in enumerate(job.sources):
+                engine.submit((id(job), i), ids)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any engine has work (worker thread)."""
+        return any(e.busy for e in self._engines.values())
+
+    def step(self) -> None:
+        """One step of every engine with work; each job whose last sentence finished gets its
+        results. An engine that fails fails every job in it, and a fresh one takes its place."""
+        answered = 0
+        for key, engine in list(self._engines.items()):
+            if not engine.busy:
+                continue
+            running = self._running[key]
+            start = time.perf_counter()
+            try:
+                done = engine.step()
+            except BaseException as e:  # the requests get the error; the worker lives on
+                for r in running.values():
+                    r.job.future.set_exception(e)
+                del self._engines[key], self._running[key]
+                continue
+            seconds = time.perf_counter() - start
+            finished = []
+            for (job_id, i), result in done:
+                r = running[job_id]
+                r.results[i] = result
+                r.left -= 1
+                if not r.left:
+                    finished.append(running.pop(job_id))
+            if self.on_batch is not None:  # before the answers: metrics read after one must count it
+                live = sum(len(r.job.sources) for r in running.values()) + sum(
+                    len(r.job.sources) for r in finished)
+                self.on_batch(BatchStats(live, len(running) + len(finished), seconds, len(done)))
+            for r in finished:
+                r.job.future.set_result(r.results)
+            answered += len(finished)
+        if answered:
+            self._last_end, self._last_jobs = time.monotonic(), answered
 
     def _run(self) -> None:
         while True:
-            jobs = self.next_batch()
-            if not jobs:
-                return
-            self.run_batch(jobs)
+            if self.busy:
+                self.admit(self.joining())
+            else:
+                jobs = self.next_batch()
+                if not jobs:
+                    return
+                self.admit(jobs)
+            self.step()

@@ -1,7 +1,7 @@
 """The model side of the server: `aiayn translate`'s own `Translator`, shared by every request.
 
 Text goes through exactly the code `aiayn translate` runs (`Translator.prepare` to token ids,
-`Translator.search`, `Translator.detokenize`), so a sentence served over HTTP gets the same
+the decoding engine of `Translator.engine`, `Translator.detokenize`), so a sentence served over HTTP gets the same
 translation as the same line given to `aiayn translate` with the same search settings.
 """
 
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from aiayn.decoding.common import Hypothesis, decoding_defaults
+from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.translate import Translator
 from aiayn.model.counting import count_parameters
 
@@ -91,12 +92,12 @@ class Engine:
                 warn=self._warnings.append)
         return self._translators[key]
 
-    def search(self, key: SearchKey, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """The hypotheses of each source, best first (model worker thread); with
+    def search_engine(self, key: SearchKey) -> SearchEngine:
+        """The decoding engine for one search setting (the model worker keeps one per key and
+        feeds it every request with that key): hypotheses best first per sentence; with
         `key.alignment` each keeps the attention `attention` reads."""
         request = self.base.attention_request() if key.alignment else None
-        return self.translator(key.beam_size, key.alpha).search(sources, key.nbest,
-                                                                attention=request)
+        return self.translator(key.beam_size, key.alpha).engine(key.nbest, request)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.base.detokenize(tokens)

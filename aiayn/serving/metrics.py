@@ -21,8 +21,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Metrics:
-    """requests by path and status code, errors by reason, translate latency, batch sizes and
-    durations, sentences translated, and the queue's length."""
+    """requests by path and status code, errors by reason, translate latency, the sentences and
+    requests of each decoding step and its duration (the `batch` names are kept from when a
+    batch ran whole), sentences translated, and the queue's length."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -34,11 +35,11 @@ class Metrics:
                               "reason", ["reason"], registry=r)
         self.latency = Histogram("aiayn_translate_latency_seconds", "arrival to answer of a "
                                  "successful translate request", buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_sentences = Histogram("aiayn_batch_sentences", "sentences per beam search batch",
-                                         buckets=BATCH_BUCKETS, registry=r)
-        self.batch_requests = Histogram("aiayn_batch_requests", "requests per beam search batch",
-                                        buckets=BATCH_BUCKETS, registry=r)
-        self.batch_seconds = Histogram("aiayn_batch_seconds", "model time per batch",
+        self.batch_sentences = Histogram("aiayn_batch_sentences", "sentences decoded per "
+                                         "decoding step", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_requests = Histogram("aiayn_batch_requests", "requests decoded per decoding "
+                                        "step", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("aiayn_batch_seconds", "model time per decoding step",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.sentences = Counter("aiayn_sentences_translated", "sentences translated", registry=r)
         self.queue = Gauge("aiayn_queue_sentences", "sentences waiting for the model", registry=r)
@@ -48,7 +49,7 @@ class Metrics:
         self.batch_sentences.observe(stats.sentences)
         self.batch_requests.observe(stats.jobs)
         self.batch_seconds.observe(stats.seconds)
-        self.sentences.inc(stats.sentences)
+        self.sentences.inc(stats.finished)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

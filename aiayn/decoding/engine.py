@@ -1,0 +1,125 @@
+"""The decoding engine: sentences enter the search at any step and leave the step they finish.
+
+`aiayn translate`, `aiayn parse` and `aiayn serve` all search through it (via
+`aiayn.decoding.translate.search_batched` and `Translator`): sentences wait in a queue, join the
+running `BeamSearch` as soon as there is room (encoded as they join), and each is handed back the
+step it is done, so the batch stays full until the queue runs dry instead of running down with
+its longest sentence before the next batch starts.
+
+Room is measured as batching always has been here: the live sentences times their longest
+source (EOS included) at most `batch_tokens`, and at most `batch_size` sentences when given.
+That bounds what decoding holds (the cache is k rows per live sentence, each at most its maximum
+output length long) however many sentences wait: the memory of a search does not grow with its
+input. Newcomers join in groups of at least half the sentences then live (one encoder call and
+one cohort of the cache per group, `aiayn.model.cache.CacheCohorts`), or all that wait when they
+all fit: a lone request joins a running search at the next step.
+
+A sentence's result does not depend on which others share its steps, nor on when it joined
+(`BeamSearch`; tested against decoding each sentence alone, greedy and beam, n-best, fp32, bf16
+and int8). Greedy search is a beam of one that stops at its first EOS: beam size 1, alpha 0 and
+the "current" stopping rule give exactly `aiayn.decoding.greedy.greedy_search`'s hypotheses
+(tested), from the same code as every beam search.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from contextlib import nullcontext
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+
+from aiayn.decoding.beam import BeamSearch
+from aiayn.decoding.common import Hypothesis, StepConstraint, source_batch
+from aiayn.model.attention import decoding_kernels
+
+# A constraint for the sentences joining now: (their keys, device) -> a `StepConstraint` with one
+# row per sentence (e.g. `aiayn.parsing.constrain`'s tree constraint)
+JoinConstraint = Callable[[Sequence[Hashable], torch.device], StepConstraint]
+
+# Newcomers join once they are at least this fraction of the sentences that would then be live:
+# each group that joins is a cohort of the cache, attended apart at every step, and on a 2-core
+# CPU more, smaller cohorts cost more per step than the fuller batch saves (Multi30k test, the
+# recipe's tiny model, fp32: 1/8 -> 7.2 cohorts a step, 1.3x the time of 1/2 -> 2.4 cohorts;
+# docs/experiments/decoding.md)
+JOIN_FRACTION = 1 / 2
+
+
+class SearchEngine:
+    """A queue of sentences in front of one `BeamSearch` over `model` (eval mode, on its device).
+
+        engine = SearchEngine(model, options)       # options: `translate.SearchOptions`
+        engine.submit("a", [17, 42, 9])             # subword ids, no specials, non-empty
+        while engine.busy:
+            for key, hyps in engine.step():          # as each sentence finishes
+                ...
+
+    `bf16`: run under bf16 autocast (a model whose weights are bf16 already runs as it is).
+    `constraint` builds the step constraint of each group of sentences that joins."""
+
+    def __init__(self, model: Any, options: Any, bf16: bool = False,
+                 constraint: JoinConstraint | None = None):
+        self.model, self.options, self.constraint = model, options, constraint
+        if options.greedy:  # one beam, stopped at its first EOS: greedy search (module doc)
+            self.search = BeamSearch(model, 1, 0.0, options.max_len_a, options.max_len_b, 1,
+                                     "current", options.min_len, options.attention)
+        else:
+            self.search = BeamSearch(model, options.beam_size, options.alpha, options.max_len_a,
+                                     options.max_len_b, options.nbest, options.early_stop,
+                                     options.min_len, options.attention)
+        p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+        self.device = p.device if p is not None else torch.device("cpu")
+        self.bf16 = bf16 and (p is None or p.dtype != torch.bfloat16)
+        self.waiting: deque[tuple[Hashable, Sequence[int]]] = deque()
+        self.blank: list[tuple[Hashable, list[Hypothesis]]] = []  # empty sources, answered next step
+        self.peak_sentences = 0  # the most sentences live at once (tests, benchmarks)
+
+    def submit(self, key: Hashable, ids: Sequence[int]) -> None:
+        """Queue one sentence (subword ids without specials). An empty one (a blank line) needs
+        no model: the next `step` hands it back with one empty hypothesis of score 0."""
+        if len(ids):
+            self.waiting.append((key, ids))
+        else:
+            self.blank.append((key, [Hypothesis([], 0.0, 0.0)]))
+
+    @property
+    def busy(self) -> bool:
+        """Sentences waiting or being decoded."""
+        return bool(self.waiting) or bool(self.search.sentences) or bool(self.blank)
+
+    @property
+    def live(self) -> int:
+        return self.search.sentences
+
+    def _join(self) -> None:
+        """Move as many waiting sentences into the search as there is room for (module doc)."""
+        opts, live = self.options, self.search.sentences
+        longest = max(self.search.src_lens, default=0)
+        take = 0
+        for key, ids in self.waiting:
+            s = max(longest, len(ids) + 1)  # + EOS
+            n = live + take + 1
+            if live + take and (n * s > opts.batch_tokens
+                                or (opts.batch_size is not None and n > opts.batch_size)):
+                break
+            longest, take = s, take + 1
+        if not take or (live and take < JOIN_FRACTION * (live + take)):
+            return
+        group = [self.waiting.popleft() for _ in range(take)]
+        keys = [key for key, _ in group]
+        src, src_mask = source_batch([ids for _, ids in group], self.device)
+        step = None if self.constraint is None else self.constraint(keys, self.device)
+        self.search.add(src, src_mask, keys, step)
+        self.peak_sentences = max(self.peak_sentences, self.search.sentences)
+
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """Let waiting sentences join if there is room, decode one step of every live sentence,
+        and return (key, hypotheses best first) of those that finished."""
+        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+                    if self.bf16 else nullcontext())
+        done, self.blank = self.blank, []
+        if not self.waiting and not self.search.sentences:
+            return done
+        with autocast, decoding_kernels(self.device):
+            self._join()
+            return done + self.search.step()

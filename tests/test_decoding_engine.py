@@ -1,0 +1,193 @@
+"""The decoding engine (aiayn/decoding/engine.py) and what it rests on: a cache whose rows sit at
+different positions (`KVCache.extend`, `lengths`), a beam search that sentences join at any step
+(`BeamSearch.add`). Every sentence's result must equal decoding it alone, whoever shares its steps
+and whenever it joined: checked on the hand-built table model (exact scores) and on a briefly
+trained model (greedy, beam, n-best, both stopping rules, fp32, bf16, int8), with the slow path
+(`beam_search` / `greedy_search` on the sentence alone) as the reference."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from aiayn.decoding import Hypothesis, beam_search, greedy_search, source_batch
+from aiayn.decoding.beam import BeamSearch
+from aiayn.decoding.engine import SearchEngine
+from aiayn.decoding.precision import convert
+from aiayn.decoding.translate import SearchOptions, search_batched
+from aiayn.model import Transformer
+from aiayn.model.rnn import RNNSearch
+from aiayn.special import BOS_ID
+
+from helpers import MICRO, TABLES, TableModel, needs_int8, summary, train_reverser
+
+
+def _random_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(replace(MICRO, vocab_size=30, n_layers=2, d_model=32, d_ff=64,
+                               **overrides)).eval()
+
+
+def _feed(model, cache, tokens: list[list[int]]) -> list[torch.Tensor]:
+    """Logits of each step as the rows of `cache` are fed tokens[i] at step i: (B, V) each."""
+    return [model.decode_step(torch.tensor(row)[:, None], cache) for row in tokens]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"attn_window": 2}, {"positions": "learned"},
+                                       {"norm": "pre"}])
+@torch.inference_mode()
+def test_rows_that_join_later_decode_as_they_would_alone(overrides):
+    # Sentences a (2 rows) decode 3 steps, then b (3 rows, another source length) joins; every
+    # row's logits equal those of its sentence decoded alone, and after the rows that started
+    # first leave, the cache goes back to one position for all rows.
+    model = _random_model(**overrides)
+    src_a, mask_a = source_batch([[5, 6, 7], [8, 9]])
+    src_b, mask_b = source_batch([[10, 11, 12, 13, 14], [15], [16, 17]])
+    toks_a = [[BOS_ID, BOS_ID], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13]]
+    toks_b = [[BOS_ID] * 3, [20, 21, 22], [23, 24, 25]]
+    alone_a = _feed(model, model.new_cache(model.encode(src_a, mask_a), mask_a), toks_a)
+    alone_b = _feed(model, model.new_cache(model.encode(src_b, mask_b), mask_b), toks_b)
+    cache = model.new_cache(model.encode(src_a, mask_a), mask_a)
+    first = _feed(model, cache, toks_a[:3])
+    cache = cache.extend(model.new_cache(model.encode(src_b, mask_b), mask_b))
+    assert [p.length for p in cache.parts] == [3, 0] and cache.batch_size == 5
+    both = _feed(model, cache, [a + b for a, b in zip(toks_a[3:], toks_b)])
+    for got, want in zip(first, alone_a[:3]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for i, got in enumerate(both):
+        torch.testing.assert_close(got[:2], alone_a[3 + i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[2:], alone_b[i], atol=1e-5, rtol=1e-5)
+    cache.reorder(torch.tensor([1, 4, 2]), cross_index=torch.tensor([1, 4, 2]))  # a's 1st leaves
+    assert [p.length for p in cache.parts] == [6, 3] and cache.batch_size == 3
+    last = _feed(model, cache, [[14, 26, 27]])[0]  # b's rows 2 and 0, in that order
+    torch.testing.assert_close(last[1:], _feed(model, _alone_cache(model, src_b, mask_b, toks_b,
+                                                                    [2, 0]), [[26, 27]])[0],
+                               atol=1e-5, rtol=1e-5)
+    cache.reorder(torch.tensor([1, 2]), cross_index=torch.tensor([1, 2]))  # a's other leaves
+    assert [p.length for p in cache.parts] == [4]
+
+
+def _alone_cache(model, src, mask, toks, rows):
+    """A cache of `src` fed `toks`, then reordered to `rows`."""
+    cache = model.new_cache(model.encode(src, mask), mask)
+    _feed(model, cache, toks)
+    index = torch.tensor(rows)
+    cache.reorder(index, cross_index=index)
+    return cache
+
+
+@torch.inference_mode()
+def test_an_rnn_state_extends_too():
+    torch.manual_seed(0)
+    model = RNNSearch(replace(MICRO, arch="rnn", vocab_size=30, rnn_emb=16, rnn_hidden=16,
+                              rnn_attn=16)).eval()
+    src_a, mask_a = source_batch([[5, 6, 7]])
+    src_b, mask_b = source_batch([[10, 11, 12, 13, 14]])
+    alone_b = _feed(model, model.new_cache(model.encode(src_b, mask_b), mask_b), [[BOS_ID], [9]])
+    cache = model.new_cache(model.encode(src_a, mask_a), mask_a)
+    _feed(model, cache, [[BOS_ID], [4]])
+    cache = cache.extend(model.new_cache(model.encode(src_b, mask_b), mask_b))
+    both = _feed(model, cache, [[5, BOS_ID], [6, 9]])
+    for got, want in zip(both, alone_b):
+        torch.testing.assert_close(got[1:], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["exact", "current"])
+def test_table_model_sentences_joining_at_every_step_get_their_own_results(rule):
+    # Keys 10-13 (tests/test_decoding_search.py): chosen by length penalty, a long chain, a
+    # short one, a sentence that never ends. One joins after each step of the others.
+    kw = dict(beam_size=2, alpha=1.0, max_len_a=0.0, max_len_b=30, nbest=2, early_stop=rule)
+    alone = {key: beam_search(TableModel(TABLES), *source_batch([[key]]), **kw)[0]
+             for key in (10, 11, 12, 13)}
+    search = BeamSearch(TableModel(TABLES), **kw)
+    waiting, got = [11, 12, 10, 13, 12], {}
+    while waiting or search.sentences:
+        if waiting:
+            key = waiting.pop(0)
+            search.add(*source_batch([[key]]), keys=[(key, len(waiting))])
+        for (key, _), hyps in search.step():
+            got.setdefault(key, []).append(hyps)
+    assert sorted(got) == [10, 11, 12, 13] and len(got[12]) == 2
+    for key, runs in got.items():
+        for hyps in runs:
+            assert summary(hyps) == summary(alone[key])
+
+
+@pytest.fixture(scope="module")
+def reverser():
+    cfg = replace(MICRO, vocab_size=40, n_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0,
+                  max_len_b=6)
+    return train_reverser(cfg, steps=150)
+
+
+def _sources(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 40, (int(m),), generator=g).tolist()
+            for m in torch.randint(1, 10, (n,), generator=g)]
+
+
+def _alone(model, ids, options: SearchOptions):
+    src, mask = source_batch([ids])
+    if options.greedy:
+        return [greedy_search(model, src, mask, options.max_len_a, options.max_len_b)[0]]
+    return beam_search(model, src, mask, options.beam_size, options.alpha, options.max_len_a,
+                       options.max_len_b, options.nbest, early_stop=options.early_stop)[0]
+
+
+def _same(got, want, tol: float) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    for g, w in zip(got, want):
+        assert g.complete == w.complete and g.score == pytest.approx(w.score, abs=tol)
+        assert g.logprob == pytest.approx(w.logprob, abs=tol)
+
+
+SEARCHES = [SearchOptions(greedy=True), SearchOptions(beam_size=4, alpha=0.6),
+            SearchOptions(beam_size=3, alpha=1.5, nbest=3),
+            SearchOptions(beam_size=4, alpha=1.0, early_stop="current")]
+
+
+@pytest.mark.parametrize("options", SEARCHES, ids=["greedy", "beam", "nbest", "current"])
+@pytest.mark.parametrize("room", [3, 30], ids=["joins", "one-batch"])
+def test_every_sentence_equals_decoding_it_alone(reverser, options, room):
+    # batch_size 3: sentences join as others finish, at every few steps; 30: all at once
+    sources = _sources(24)
+    got = search_batched(reverser, sources, replace(options, batch_size=room))
+    for ids, hyps in zip(sources, got):
+        _same(hyps, _alone(reverser, ids, options), 1e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("int8", marks=needs_int8)])
+def test_reduced_precision_results_do_not_depend_on_the_neighbours(reverser, precision):
+    model = convert(copy.deepcopy(reverser), precision)
+    sources = _sources(16, seed=1)
+    for options in (SearchOptions(beam_size=4, alpha=0.6, nbest=2), SearchOptions(greedy=True)):
+        together = search_batched(model, sources, replace(options, batch_size=3))
+        for ids, hyps in zip(sources, together):
+            # int8 quantizes each row on its own, so its neighbours change nothing; bf16 products
+            # round their outputs, which can differ in the last bits with the batch's shape
+            # (0.004 nats a token seen here): the same outputs, scores within 0.01 nats a token
+            tol = 1e-4 if precision == "int8" else 0.01 * (max(map(len, (h.tokens for h in hyps))) + 1)
+            _same(hyps, _alone(model, ids, options), tol)
+
+
+def test_the_engine_holds_no_more_than_its_room(reverser):
+    sources = _sources(40, seed=2)
+    for room in (dict(batch_size=5), dict(batch_tokens=24)):
+        engine = SearchEngine(reverser, SearchOptions(beam_size=4, **room))
+        for i, ids in enumerate(sources):
+            engine.submit(i, ids)
+        seen, live_rows = set(), []
+        while engine.busy:
+            seen |= {i for i, _ in engine.step()}
+            live_rows.append(engine.search.rows)
+            n = engine.live
+            longest = max(engine.search.src_lens, default=0)
+            assert n <= room.get("batch_size", n) and n * longest <= room.get("batch_tokens", 10**9)
+        assert seen == set(range(len(sources)))
+        assert max(live_rows) <= 4 * engine.peak_sentences and engine.peak_sentences > 1
+    engine.submit("blank", [])  # a blank line: no model, one empty hypothesis at the next step
+    assert engine.busy and engine.step() == [("blank", [Hypothesis([], 0.0, 0.0)])]
+    assert not engine.busy
