@@ -191,3 +191,20 @@ def test_the_engine_holds_no_more_than_its_room(reverser):
     engine.submit("blank", [])  # a blank line: no model, one empty hypothesis at the next step
     assert engine.busy and engine.step() == [("blank", [Hypothesis([], 0.0, 0.0)])]
     assert not engine.busy
+
+
+def test_kept_attention_is_each_sentences_own_when_sentences_join_and_leave(reverser):
+    # the longest sources go first and leave while shorter ones decode: each hypothesis keeps
+    # the weights it had alone, over its own source
+    from aiayn.decoding.common import AttentionRequest
+
+    sources = _sources(12, seed=3)
+    request = AttentionRequest(layers=(-1,), mean_heads=True)
+    options = SearchOptions(beam_size=3, alpha=0.6, attention=request, batch_size=3)
+    got = search_batched(reverser, sources, options)
+    for ids, hyps in zip(sources, got):
+        src, mask = source_batch([ids])
+        (alone,) = beam_search(reverser, src, mask, 3, 0.6, attention=request)
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert hyps[0].attention.shape == alone[0].attention.shape == (1, 1, len(alone[0].token_logprobs), len(ids) + 1)
+        torch.testing.assert_close(hyps[0].attention, alone[0].attention, atol=1e-5, rtol=1e-5)

@@ -288,6 +288,9 @@ class BeamSearch:
             logits, weights = model.decode_step(self.last, self.cache, return_attention=True)
             step_w = self.attention.select(weights["cross"])  # (n k, L', h', S)
             step_w = step_w.reshape(n, k, self.a_rows, step_w.size(-1))  # (n, k, A, S)
+            # the kept weights span the widest source since the search began; the cohorts left
+            # may be narrower
+            step_w = F.pad(step_w, (0, self.hist_w.size(4) - step_w.size(-1)))
         vocab = logits.size(-1)
         t_rows = self.t.repeat_interleave(k)  # (n k,) steps taken so far
         logp = ban_early_eos(next_token_logprobs(logits), t_rows + 1, self.min_len)  # (n k, V) float32
