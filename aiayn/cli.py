@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "print a preset's config, parameter count and FLOPs per token"),
     "attention": ("attention", "draw a model's attention for a sentence (heatmaps, lines, HTML)"),
     "plot": ("plot", "plot positional encodings, the learning-rate schedule, training curves"),
-    "serve": ("serve", "translate over HTTP: an API with dynamic batching and a web page"),
+    "serve": ("serve", "translate over HTTP: an API with continuous batching and a web page"),
     "download": ("download", "fetch a public data set with checksums"),
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
     "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),

@@ -1,4 +1,4 @@
-"""`aiayn serve`: translate over HTTP, with a web page, dynamic batching and limits.
+"""`aiayn serve`: translate over HTTP, with a web page, continuous batching and limits.
 
     aiayn serve --model runs/base/model                 # http://127.0.0.1:8000/
     curl -s localhost:8000/translate -H 'Content-Type: application/json' \\

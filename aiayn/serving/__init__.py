@@ -1,4 +1,4 @@
-"""`aiayn serve`: a translation server (FastAPI on uvicorn) with dynamic batching and a web page.
+"""`aiayn serve`: a translation server (FastAPI on uvicorn) with continuous batching and a web page.
 
 - `settings.ServeSettings`: limits and batching settings; `schema`: request parsing and checks;
 - `engine.Engine`: the model behind `aiayn translate`'s own `Translator`;
