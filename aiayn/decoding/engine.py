@@ -11,8 +11,8 @@ source (EOS included) at most `batch_tokens`, and at most `batch_size` sentences
 That bounds what decoding holds (the cache is k rows per live sentence, each at most its maximum
 output length long) however many sentences wait: the memory of a search does not grow with its
 input. Newcomers join in groups of at least half the sentences then live (one encoder call and
-one cohort of the cache per group, `aiayn.model.cache.CacheCohorts`), or all that wait when they
-all fit: a lone request joins a running search at the next step.
+one cohort of the cache per group, `aiayn.model.cache.CacheCohorts`), or any number into an
+empty search: under load a request joins once enough others wait or enough have finished.
 
 A sentence's result does not depend on which others share its steps, nor on when it joined
 (`BeamSearch`; tested against decoding each sentence alone, greedy and beam, n-best, fp32, bf16

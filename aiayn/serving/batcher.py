@@ -10,10 +10,11 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
 - The worker keeps one decoding engine per `key` (search settings; `engine(key)`, an
   `aiayn.decoding.engine.SearchEngine` in the server), and steps every engine that has work,
   one decoding step each in turn. A job's sentences go into its key's engine, which lets them
-  join its search as soon as it has room (`--batch-tokens`); each job is answered the step its
-  last sentence finishes, without waiting for the rest of the batch.
-- While the engines are busy, queued jobs join them at the next step (a key's jobs go in once
-  its engine has none of its own still waiting for room, so the queue below keeps its meaning).
+  join its search when there is room (`--batch-tokens`) and they are at least half the sentences
+  then live (aiayn/decoding/engine.py); each job is answered the step its last sentence
+  finishes, without waiting for the rest of the batch.
+- While the engines are busy, queued jobs go into them at the next step (a key's jobs once its
+  engine has none of its own still waiting to join, so the queue below keeps its meaning).
   When nothing is being decoded the worker waits for work as it always did: it takes the oldest
   job, then every other queued job with the same key in arrival order while sentences x longest
   source stays within the token budget, and starts as soon as the budget is full or `max_wait`
