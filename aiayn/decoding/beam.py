@@ -101,10 +101,6 @@ class _Pool:
     def rows(self, index: Tensor) -> "_Pool":
         return _Pool(**{name: getattr(self, name)[index] for name in self._present()})
 
-    def put_rows(self, index: Tensor, other: "_Pool") -> None:
-        for name in self._present():
-            getattr(self, name)[index] = getattr(other, name)
-
     @staticmethod
     def cat(pools: list["_Pool"], dim: int = 1) -> "_Pool":
         """Slots side by side (dim 1), or sentences one after the other (dim 0)."""

@@ -191,6 +191,16 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def first_parameter(model: Any) -> Tensor | None:
+    """The model's first parameter (its device and dtype), None for a model without any."""
+    return next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+
+
+def model_device(model: Any) -> torch.device:
+    p = first_parameter(model)
+    return p.device if p is not None else torch.device("cpu")
+
+
 def decoding_defaults(model: Any) -> Config:
     """The decoding settings of the model's config (the paper's when the model has none)."""
     cfg = getattr(model, "cfg", None)

@@ -30,7 +30,13 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 
 from aiayn.decoding.beam import BeamSearch
-from aiayn.decoding.common import Hypothesis, StepConstraint, source_batch
+from aiayn.decoding.common import (
+    Hypothesis,
+    StepConstraint,
+    first_parameter,
+    model_device,
+    source_batch,
+)
 from aiayn.model.attention import decoding_kernels
 
 # A constraint for the sentences joining now: (their keys, device) -> a `StepConstraint` with one
@@ -67,12 +73,14 @@ class SearchEngine:
             self.search = BeamSearch(model, options.beam_size, options.alpha, options.max_len_a,
                                      options.max_len_b, options.nbest, options.early_stop,
                                      options.min_len, options.attention)
-        p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-        self.device = p.device if p is not None else torch.device("cpu")
+        # a model whose weights are bf16 already runs as it is: autocast would re-cast fp32
+        # weights at every step and run LayerNorm in fp32
+        p = first_parameter(model)
+        self.device = model_device(model)
         self.bf16 = bf16 and (p is None or p.dtype != torch.bfloat16)
         self.waiting: deque[tuple[Hashable, Sequence[int]]] = deque()
         self.blank: list[tuple[Hashable, list[Hypothesis]]] = []  # empty sources, answered next step
-        self.peak_sentences = 0  # the most sentences live at once (tests, benchmarks)
+        self.peak_sentences = 0  # the most sentences live at once (the room's test reads it)
 
     def submit(self, key: Hashable, ids: Sequence[int]) -> None:
         """Queue one sentence (subword ids without specials). An empty one (a blank line) needs
@@ -115,11 +123,11 @@ class SearchEngine:
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """Let waiting sentences join if there is room, decode one step of every live sentence,
         and return (key, hypotheses best first) of those that finished."""
-        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-                    if self.bf16 else nullcontext())
         done, self.blank = self.blank, []
         if not self.waiting and not self.search.sentences:
             return done
+        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+                    if self.bf16 else nullcontext())
         with autocast, decoding_kernels(self.device):
             self._join()
             return done + self.search.step()

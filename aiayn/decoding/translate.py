@@ -31,6 +31,7 @@ from aiayn.decoding.common import (
     StepConstraint,
     check_index,
     decoding_defaults,
+    model_device,
 )
 from aiayn.decoding.engine import SearchEngine
 from aiayn.errors import UserError
@@ -89,15 +90,6 @@ class SearchOptions:
         return self
 
 
-def _first_parameter(model: Any) -> torch.Tensor | None:
-    return next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-
-
-def model_device(model: Any) -> torch.device:
-    p = _first_parameter(model)
-    return p.device if p is not None else torch.device("cpu")
-
-
 # Builds the step constraint of a batch: (indices of the batch's sentences into the sources,
 # device) -> `aiayn.decoding.common.StepConstraint` (e.g. `aiayn.parsing.constrain`)
 ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
@@ -106,8 +98,9 @@ ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
 def search_batched(model: Any, sources: Sequence[Sequence[int]], options: SearchOptions = SearchOptions(),
                    bf16: bool = False, progress: bool = False,
                    constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
-    """Search every source (subword ids, no specials; must be non-empty) and return, in input
-    order, its hypotheses best first (one for greedy, up to `options.nbest` for beam search).
+    """Search every source (subword ids, no specials) and return, in input order, its
+    hypotheses best first (one for greedy, up to `options.nbest` for beam search; an empty
+    source gets one empty hypothesis with score 0 without running the model).
 
     The sources go through one `aiayn.decoding.engine.SearchEngine`, longest first: sentences
     join the search as others finish, within `options.batch_tokens` (live sentences x their
@@ -226,17 +219,7 @@ class Translator:
         search used (`Hypothesis.attention`). `constraint`: limit what the search may write
         (its indices are into `sources`)."""
         options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
-        todo = [i for i, s in enumerate(sources) if len(s)]
-        build = None
-        if constraint is not None:
-            def build(batch: Sequence[int], device: torch.device) -> StepConstraint:
-                return constraint([todo[j] for j in batch], device)
-        found = search_batched(self.model, [sources[i] for i in todo], options, self.bf16, progress,
-                               build)
-        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
-        for i, hyps in zip(todo, found):
-            out[i] = hyps
-        return out
+        return search_batched(self.model, sources, options, self.bf16, progress, constraint)
 
     def engine(self, nbest: int = 1, attention: AttentionRequest | None = None) -> SearchEngine:
         """A decoding engine with this translator's model and search settings (`aiayn serve`
