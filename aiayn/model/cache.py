@@ -160,6 +160,15 @@ class KVCache:
         self.cross_v = self.cross_v.index_select(1, ci)
         self.src_mask = self.src_mask.index_select(0, ci)
 
+    @property
+    def parts(self) -> list["KVCache"]:
+        """The cohorts of rows at one position each: this cache alone (see `CacheCohorts`)."""
+        return [self]
+
+    def slices(self) -> list[tuple["KVCache", slice]]:
+        """Each cohort with its rows in the batch: here every row."""
+        return [(self, slice(None))]
+
     def extend(self, other: "KVCache | CacheCohorts") -> "CacheCohorts":
         """This cache's rows, then `other`'s (sentences that joined later, at their own
         positions): one batch of cohorts, nothing copied."""

@@ -102,21 +102,21 @@ class DecoderLayer(nn.Module):
         cohort, each over its own positions and sources; projections and the FFN take every row
         at once; its weights are zero-padded to the longest cohort's positions and sources."""
         q, k, v = self.self_attn.project_qkv(self.res_self.inp(y))
-        parts = cache.slices() if isinstance(cache, CacheCohorts) else [(cache, slice(None))]
+        parts = cache.slices()
         heads, w_self = [], []
         for part, rows in parts:
             k_all, v_all = part.append(layer, k[rows], v[rows])  # (b, h, n, d_k), (b, h, n, d_v)
             a, w = self._self_heads(q[rows], k_all, v_all, need_weights)
             heads.append(a)
             w_self.append(w)
-        y = self.res_self.out(y, self.self_attn.out_proj(torch.cat(heads) if len(heads) > 1 else heads[0]))
+        y = self.res_self.out(y, self.self_attn.out_proj(_stack_rows(heads)))
         q = self.cross_attn.project_q(self.res_cross.inp(y))  # (B, h, 1, d_k)
         heads, w_cross = [], []
         for part, rows in parts:
             a, w = self._cross_heads(q[rows], part, layer, need_weights)
             heads.append(a)
             w_cross.append(w)
-        y = self.res_cross.out(y, self.cross_attn.out_proj(torch.cat(heads) if len(heads) > 1 else heads[0]))
+        y = self.res_cross.out(y, self.cross_attn.out_proj(_stack_rows(heads)))
         if len(parts) == 1:
             w_self, w_cross = w_self[0], w_cross[0]
         elif need_weights:  # cohorts differ in positions and source width: zero-padded to the most
@@ -146,6 +146,11 @@ class DecoderLayer(nn.Module):
         if w is None:
             w = attention_weights(q, cache.cross_k[layer], cross_mask)  # (N, h, g, S)
         return a, w.transpose(1, 2).reshape(b, h, 1, w.size(-1))  # (B, h, 1, S)
+
+
+def _stack_rows(parts: list[Tensor]) -> Tensor:
+    """The cohorts' rows as one batch (no copy for a single cohort)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _cat_padded(ws: list[Tensor]) -> Tensor:

@@ -156,14 +156,14 @@ class Transformer(nn.Module):
             src_mask=src_mask, capacity=capacity, window=window)
         return cache
 
-    def decode_step(self, tokens: Tensor, cache: KVCache, return_attention: bool = False):
+    def decode_step(self, tokens: Tensor, cache: KVCache | CacheCohorts, return_attention: bool = False):
         """Feed one token per row, (B, 1), at position `cache.length` (a `CacheCohorts`: each
         cohort's rows at its own); returns next-token logits (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
         With `return_attention` also returns {"self": [(B, h, 1, t+1)], "cross": [(B, h, 1, S)]},
         one entry per layer: this step's weights, equal to row t of a teacher-forced `decode`
         (tested); the logits are the same as without it. With restricted attention the self
         entries cover only the window the cache holds, in the cache's order."""
-        parts = cache.parts if isinstance(cache, CacheCohorts) else [cache]
+        parts = cache.parts
         for part in parts:
             part.ensure_capacity(part.length + 1)
         if len(parts) == 1:
