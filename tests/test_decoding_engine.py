@@ -208,3 +208,16 @@ def test_kept_attention_is_each_sentences_own_when_sentences_join_and_leave(reve
         assert [h.tokens for h in hyps] == [h.tokens for h in alone]
         assert hyps[0].attention.shape == alone[0].attention.shape == (1, 1, len(alone[0].token_logprobs), len(ids) + 1)
         torch.testing.assert_close(hyps[0].attention, alone[0].attention, atol=1e-5, rtol=1e-5)
+
+
+def test_an_ensemble_of_models_lets_sentences_join_too(reverser):
+    from aiayn.decoding.ensemble import Ensemble
+
+    torch.manual_seed(1)
+    other = Transformer(reverser.cfg).eval()  # a second member, random: the mean differs from each
+    both = Ensemble([reverser, other])
+    sources = _sources(10, seed=4)
+    got = search_batched(both, sources, SearchOptions(beam_size=3, alpha=0.6, batch_size=2))
+    for ids, hyps in zip(sources, got):
+        src, mask = source_batch([ids])
+        _same(hyps, beam_search(both, src, mask, 3, 0.6)[0], 1e-4)

@@ -189,3 +189,23 @@ def test_every_constrained_output_is_a_tree_over_its_words(seed):
         assert b1[0].tokens == g.tokens and b1[0].logprob == pytest.approx(g.logprob, abs=1e-5)
         repaired += delinearize([TEXT[t] for t in f[0].tokens], words)[1].sentences
     assert repaired > 0  # the random model's free outputs do need repairs
+
+
+def test_constrained_sentences_joining_a_running_search_get_their_own_trees():
+    # room for two sentences: the others join as those finish, their constraint rows joined to
+    # the running ones (`TreeConstraint.extend`); each result equals its sentence searched alone
+    from aiayn.decoding.translate import SearchOptions, search_batched
+
+    model = _random_parser(0)
+    vocab = TreeVocabulary.from_pieces(PIECES)
+    rng = random.Random(5)
+    n_words = [rng.randint(1, 5) for _ in range(9)]
+    sources = [[rng.randrange(4, len(PIECES)) for _ in range(n)] for n in n_words]
+    options = SearchOptions(beam_size=3, alpha=0.3, batch_size=2)
+    got = search_batched(model, sources, options,
+                         constraint=lambda keys, device: TreeConstraint(vocab, [n_words[i] for i in keys]))
+    for n, ids, hyps in zip(n_words, sources, got):
+        (alone,) = beam_search(model, *source_batch([ids]), beam_size=3, alpha=0.3,
+                               constraint=TreeConstraint(vocab, [n]))
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        assert hyps[0].score == pytest.approx(alone[0].score, abs=1e-5)
