@@ -46,8 +46,10 @@ def machine() -> str:
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "aiayn", "serve", "--model", args.model, "--host", "127.0.0.1",
-           "--port", "0", "--batch-tokens", str(args.batch_tokens), "--max-wait-ms",
-           str(args.max_wait_ms), "--max-queue", str(max(1024, 4 * max(args.clients)))]
+           "--port", "0", "--max-wait-ms", str(args.max_wait_ms),
+           "--max-queue", str(max(1024, 4 * max(args.clients)))]
+    if args.batch_tokens:
+        cmd += ["--batch-tokens", str(args.batch_tokens)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -167,9 +169,9 @@ def main() -> int:
     p.add_argument("--sentences", help="source sentences, one a line (e.g. Multi30k test)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
     p.add_argument("--per-client", type=int, default=16, help="sentences each client sends (default 16)")
-    p.add_argument("--batch-tokens", type=int, default=4000, help="server's batch budget (default 4000)")
+    p.add_argument("--batch-tokens", type=int, help="server's room (default: aiayn serve's)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="server's max wait (default 10)")
-    p.add_argument("--threads", type=int, help="server's torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="draw sentences/s and latency against clients here (PNG)")

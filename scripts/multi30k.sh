@@ -6,6 +6,7 @@
 #   SRC=de TGT=en bash scripts/multi30k.sh         # German -> English
 #   DATA=/path/to/multi30k MINUTES=30 OUT=runs/x bash scripts/multi30k.sh
 #   PRESET=translation-small-rnn ...               # other settings (docs/experiments/)
+#   VOCAB=4000 ...                                 # BPE pieces, shared by both languages (default 8000)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files (default data/multi30k, fetched there
 # by `aiayn download multi30k` when missing). Settings come from the `translation-small-v2` preset
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}
+SRC=${SRC:-en}; TGT=${TGT:-de}; MINUTES=${MINUTES:-60}; VOCAB=${VOCAB:-8000}
 if [ -z "${DATA:-}" ]; then  # data/multi30k, fetched there on first use (or a shared copy beside the repo)
   DATA=data/multi30k
   [ -e "$DATA" ] || [ ! -d ../shared/data/multi30k ] || DATA=../shared/data/multi30k
@@ -27,7 +28,7 @@ RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped
 set -x
 $A prepare --src-lang "$SRC" --tgt-lang "$TGT" --train "$DATA/train" --valid "$DATA/val" \
-    --test "$DATA/test_2016_flickr" --vocab-size 8000 --out "$OUT/data"
+    --test "$DATA/test_2016_flickr" --vocab-size "$VOCAB" --out "$OUT/data"
 $A train --data "$OUT/data" --out "$OUT/run" --preset "$PRESET" --time-budget "$MINUTES" \
     --save-minutes 2 --eval-every 500 --eval-bleu-sentences 300 $RESUME ${TRAIN_ARGS:-}
 $A average --run "$OUT/run" --last 5 --out "$OUT/model" --overwrite

@@ -133,6 +133,7 @@ def test_aiayn_serve_refuses_bad_settings_in_one_line(model_dir, tmp_path, capsy
         (["--model", str(model_dir), "--max-sentences", "10", "--max-queue", "5"], "max_queue"),
         (["--model", str(model_dir), "--api-key-file", str(tmp_path / "nokey")], "--api-key-file"),
         (["--model", str(model_dir), "--port", "70000"], "--port must be between"),
+        (["--model", str(model_dir), "--threads", "0"], "--threads must be >= 1"),
     ]:
         assert main(["serve", *args]) == 2
         err = capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aiayn.serving.schema import RequestError, decode_json, parse_translate
-from aiayn.serving.settings import ServeSettings
+from aiayn.serving.settings import ServeSettings, decoding_threads
 
 SETTINGS = ServeSettings(max_chars=40, max_sentences=3, max_queue=8, max_beam=6)
 
@@ -75,3 +75,7 @@ def test_settings_are_validated():
     with pytest.raises(ValueError, match="batch_tokens"):
         ServeSettings(batch_tokens=0)
     assert ServeSettings().max_body_bytes > 12 * ServeSettings().max_chars
+
+
+def test_the_server_leaves_one_core_to_its_event_loop():
+    assert [decoding_threads(n) for n in (1, 2, 3, 16)] == [1, 1, 2, 15]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES
+from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES, ROOM_TOKENS
 from aiayn.errors import UserError
 from aiayn.training import PRECISIONS as TRAIN_PRECISIONS
 
@@ -263,9 +263,9 @@ def add_search_arguments(p: argparse.ArgumentParser, nbest: bool = True) -> None
                        help="write the N best hypotheses per line as index<TAB>score<TAB>text")
     b = p.add_argument_group("batching and hardware")
     g = b.add_mutually_exclusive_group()
-    g.add_argument("--batch-tokens", type=int, default=4000, metavar="T",
+    g.add_argument("--batch-tokens", type=int, default=ROOM_TOKENS, metavar="T",
                    help="room of the search: the sentences decoded at once x their longest "
-                        "source; waiting sentences join as others finish (default 4000)")
+                        f"source; waiting sentences join as others finish (default {ROOM_TOKENS})")
     g.add_argument("--batch-size", type=int, metavar="N",
                    help="at most N sentences decoded at once instead")
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",

@@ -71,7 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="truncate longer sources, as aiayn translate does (default 1024, EOS included)")
     h = p.add_argument_group("hardware")
     add_device_argument(h)
-    h.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
+    h.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads for torch (default: one fewer than the cores torch would use, "
+                        "at least 1, leaving one to the HTTP server)")
     add_precision_argument(h)
     s = p.add_argument_group("search (per request: beam size and alpha, within the limits)")
     add_early_stop_argument(s)
@@ -106,7 +108,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.serving.settings import ServeSettings
+    from aiayn.serving.settings import ServeSettings, decoding_threads
 
     try:
         settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
@@ -117,6 +119,8 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"serve settings: {e}") from None
     if args.max_src_tokens < 2:
         raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     api_key = read_api_key(args.api_key_file)
     sock = bind(args.host, args.port)
 
@@ -127,8 +131,7 @@ def main(args: argparse.Namespace) -> int:
     from aiayn.serving.app import create_app
     from aiayn.serving.engine import Engine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or decoding_threads(torch.get_num_threads()))
     device = torch_device(args.device)
     precision = decode_precision(args, device, "serve")
     try:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from aiayn.decoding import EARLY_STOP_RULES
+from aiayn.decoding import EARLY_STOP_RULES, ROOM_TOKENS
 from aiayn.decoding import precision as decode_precision
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.common import (
@@ -52,7 +52,7 @@ class SearchOptions:
     max_len_a: float | None = None
     max_len_b: float | None = None
     nbest: int = 1
-    batch_tokens: int = 4000  # sentences x longest source (EOS included) per batch
+    batch_tokens: int = ROOM_TOKENS  # sentences x longest source (EOS included) decoded at once
     batch_size: int | None = None  # at most this many sentences per batch, when given
     # Not in the paper (0 = off): no EOS before decoding step min_len, so a complete output has
     # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes

@@ -39,6 +39,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from aiayn.decoding import ROOM_TOKENS
+
 
 class QueueFull(Exception):
     """The queue cannot take the job now; try again later."""
@@ -95,7 +97,7 @@ class Batcher:
     job over it goes alone); max_wait: seconds the oldest waiting job may wait for company;
     max_queue: sentences waiting; on_batch: called by the worker after each step (metrics)."""
 
-    def __init__(self, engine: Callable[[Hashable], Any], *, batch_tokens: int = 4000,
+    def __init__(self, engine: Callable[[Hashable], Any], *, batch_tokens: int = ROOM_TOKENS,
                  max_wait: float = 0.01, max_queue: int = 1024,
                  on_batch: Callable[[BatchStats], None] | None = None):
         self.engine_for = engine

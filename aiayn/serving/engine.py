@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from aiayn.decoding import ROOM_TOKENS
 from aiayn.decoding.common import Hypothesis, decoding_defaults
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.translate import Translator
@@ -43,7 +44,7 @@ class Engine:
     to `precision`) and `early_stop`.
     `prepare` runs on the event loop, `search` on the model worker thread only."""
 
-    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = 4000,
+    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = ROOM_TOKENS,
                  precision: str = "fp32", early_stop: str = "exact",
                  model_paths: Sequence[str] | None = None):
         self.loaded = loaded

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aiayn.decoding import ROOM_TOKENS
+
+
+def decoding_threads(cores: int) -> int:
+    """torch's threads in `aiayn serve` when `--threads` is not given: one core fewer than torch
+    would take, at least one. The event loop (HTTP, JSON, tokenizing) runs beside the decoding
+    worker; given every core, torch's threads and the loop take turns on them, and a decoding step
+    of a few dozen sentences gains little from a second thread (2-core AVX2 EPYC, Multi30k's
+    anchor-size model, 32 clients: 1 thread 24-33 sentences/s against 17-19 with 2;
+    docs/experiments/serving.md)."""
+    return max(1, cores - 1)
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -19,7 +31,7 @@ class ServeSettings:
     request's beam size, since beam search costs grow with it.
     """
 
-    batch_tokens: int = 4000
+    batch_tokens: int = ROOM_TOKENS
     max_wait_ms: float = 10.0
     max_chars: int = 5000
     max_sentences: int = 64
