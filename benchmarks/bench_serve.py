@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aiayn.decoding import EARLY_STOP_RULES  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
 from provenance import cpu_name  # noqa: E402
@@ -50,6 +51,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
            "--max-queue", str(max(1024, 4 * max(args.clients)))]
     if args.batch_tokens:
         cmd += ["--batch-tokens", str(args.batch_tokens)]
+    if args.early_stop:
+        cmd += ["--early-stop", args.early_stop]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -130,6 +133,8 @@ def reference(args: argparse.Namespace, sentences: list[str]) -> dict[str, str]:
         src = Path(d) / "src.txt"
         src.write_text("\n".join(sentences) + "\n", encoding="utf-8")
         cmd = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--input", str(src)]
+        if args.early_stop:
+            cmd += ["--early-stop", args.early_stop]
         out = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                              capture_output=True, check=True, timeout=3600).stdout.decode("utf-8")
     return dict(zip(sentences, out.split("\n")[:-1]))
@@ -172,6 +177,8 @@ def main() -> int:
     p.add_argument("--batch-tokens", type=int, help="server's room (default: aiayn serve's)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="server's max wait (default 10)")
     p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
+    p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
+                   help="the server's and the reference's stopping rule (default: aiayn's)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="draw sentences/s and latency against clients here (PNG)")
@@ -222,6 +229,7 @@ def main() -> int:
         print(f"\nbatching gain (32 clients / 1 client): {gain:.1f}x")
     results = {"machine": machine(), "model": args.model, "per_client": args.per_client,
                "batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms,
+               "threads": args.threads, "early_stop": args.early_stop,
                "levels": levels, "batching_gain_32": gain}
     if args.out:
         with atomic_write(args.out, "w") as f:
