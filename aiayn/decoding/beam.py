@@ -31,9 +31,9 @@ The search is `BeamSearch`, whose sentences need not start together: `add` lets 
 at any step (each at its own step count and output position; `aiayn.decoding.engine` keeps the
 batch full this way), and `step` hands back each sentence the step it finishes. Finished
 sentences leave at once: their cache rows are dropped in the same `cache.reorder` that reorders
-the beams, so they cost nothing afterwards. `beam_search` is one batch that starts together. Log-softmax runs in float32 even
-under bf16 autocast, and raw scores are accumulated in float32; PAD and BOS are never generated
-(`common.next_token_logprobs`).
+the beams, so they cost nothing afterwards. `beam_search` is one batch that starts together.
+Log-softmax runs in float32 even under bf16 autocast, and raw scores are accumulated in
+float32; PAD and BOS are never generated (`common.next_token_logprobs`).
 """
 
 from __future__ import annotations
@@ -173,8 +173,9 @@ class BeamSearch:
     A sentence's result does not depend on the others in the search, nor on when it joined: each
     has its own step count, output positions (a cohort of the cache, `CacheCohorts`), maximum
     length and pool; the only link is that their rows share one decoder call per step (tested:
-    equal to decoding it alone). Rows: k per live sentence, its beams, consecutive; at its first step only beam 0 is
-    alive (raw score 0, the others -inf), so it fills the beam without k copies of one prefix.
+    equal to decoding it alone). Rows: k per live sentence, its beams, consecutive; at its first
+    step only beam 0 is alive (raw score 0, the others -inf), so it fills the beam without k
+    copies of one prefix.
     """
 
     def __init__(self, model: Any, beam_size: int | None = None, alpha: float | None = None,

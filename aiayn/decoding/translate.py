@@ -15,7 +15,9 @@ Input rules, per line (`Translator.prepare`):
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -239,9 +241,6 @@ class Translator:
         program that sends a line and waits gets its translation. Within a group, lines join
         the search longest first. A reading error (bad UTF-8, say) is raised here, after the
         lines before it."""
-        import queue
-        import threading
-
         engine = self.engine(nbest)
         inbox: queue.Queue = queue.Queue(maxsize=2)
         end = object()

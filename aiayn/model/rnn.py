@@ -90,16 +90,19 @@ class RNNState:
             raise ValueError("states of different beam groups cannot be joined")
         s = max(self.src_mask.size(1), other.src_mask.size(1))
 
-        def join(a: Tensor, b: Tensor) -> Tensor:  # (N, S, ...) padded along S, then stacked
-            pad = lambda x: x if x.size(1) == s else torch.cat(  # noqa: E731
-                [x, x.new_zeros(x.size(0), s - x.size(1), *x.shape[2:])], 1)
-            return torch.cat([pad(a), pad(b)])
+        def join(a: Tensor, b: Tensor) -> Tensor:  # (N, S, ...) zero-padded along S, then stacked
+            return torch.cat([_pad_source(a, s), _pad_source(b, s)])
 
         self.state = torch.cat([self.state, other.state])
         self.memory, self.keys = join(self.memory, other.memory), join(self.keys, other.keys)
         self.src_mask = join(self.src_mask, other.src_mask)
         self.length = max(self.length, other.length)
         return self
+
+
+def _pad_source(x: Tensor, s: int) -> Tensor:
+    """(N, S', ...) zero-padded along its source axis to (N, s, ...)."""
+    return torch.cat([x, x.new_zeros(x.size(0), s - x.size(1), *x.shape[2:])], 1)
 
 
 class RNNSearch(nn.Module):

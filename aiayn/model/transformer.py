@@ -75,10 +75,13 @@ class Transformer(nn.Module):
     def target_embedding(self) -> ScaledEmbedding:
         return self.tgt_embed if self.tgt_embed is not None else self.src_embed
 
-    def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0) -> Tensor:
-        """Scaled embeddings plus positions, then dropout P_drop (§3.4, §3.5, §5.4)."""
+    def _embed(self, ids: Tensor, embed: ScaledEmbedding, pos: nn.Module, offset: int = 0,
+               positions: Tensor | None = None) -> Tensor:
+        """Scaled embeddings plus positions, then dropout P_drop (§3.4, §3.5, §5.4). The
+        positions are those from `offset` on, or `positions` (B, T, d_model) given per row."""
         x = embed(ids)  # (B, T, d_model)
-        x = x + pos(ids.size(1), offset).to(x.dtype)  # x's dtype: an int8 embedding has no weight
+        p = pos(ids.size(1), offset) if positions is None else positions
+        x = x + p.to(x.dtype)  # x's dtype: an int8 embedding has no weight
         return dropout(x, self.cfg.p_drop, self.training)
 
     def logits(self, y: Tensor) -> Tensor:
@@ -158,7 +161,8 @@ class Transformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, cache: KVCache | CacheCohorts, return_attention: bool = False):
         """Feed one token per row, (B, 1), at position `cache.length` (a `CacheCohorts`: each
-        cohort's rows at its own); returns next-token logits (B, V_tgt) and advances the cache. Equals `decode` on the whole prefix (tested).
+        cohort's rows at its own); returns next-token logits (B, V_tgt) and advances the cache.
+        Equals `decode` on the whole prefix (tested).
         With `return_attention` also returns {"self": [(B, h, 1, t+1)], "cross": [(B, h, 1, S)]},
         one entry per layer: this step's weights, equal to row t of a teacher-forced `decode`
         (tested); the logits are the same as without it. With restricted attention the self
@@ -166,12 +170,12 @@ class Transformer(nn.Module):
         parts = cache.parts
         for part in parts:
             part.ensure_capacity(part.length + 1)
-        if len(parts) == 1:
-            y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=parts[0].length)
-        else:  # each cohort at its own position
-            y = self.target_embedding(tokens)  # (B, 1, d_model)
-            pos = torch.cat([self.tgt_pos(1, p.length).expand(p.batch_size, -1) for p in parts])
-            y = dropout(y + pos[:, None].to(y.dtype), self.cfg.p_drop, self.training)
+        positions = None  # one cohort: every row at parts[0].length
+        if len(parts) > 1:  # each cohort at its own position: (B, 1, d_model)
+            positions = torch.cat([self.tgt_pos(1, p.length).expand(p.batch_size, -1)
+                                   for p in parts])[:, None]
+        y = self._embed(tokens, self.target_embedding, self.tgt_pos, offset=parts[0].length,
+                        positions=positions)
         ws, wc = [], []
         for i, layer in enumerate(self.decoder):
             # a windowed cache holds exactly the window: no mask

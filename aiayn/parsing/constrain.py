@@ -161,7 +161,7 @@ class TreeConstraint:
         used = torch.unique(self.sent)  # (U,) sorted
         remap = torch.zeros(self.n_words.numel(), dtype=torch.long, device=self.sent.device)
         remap[used] = torch.arange(used.numel(), device=used.device)
-        tables = [self.table if self.table is None else self.table[used], other.table]
+        tables = [None if self.table is None else self.table[used], other.table]
         if any(t is not None for t in tables):
             counts = (used.numel(), other.n_words.numel())
             tables = [self._any_table(n) if t is None else t for t, n in zip(tables, counts)]
