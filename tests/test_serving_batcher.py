@@ -4,11 +4,19 @@ sentences are done, the bounded queue, cancellation, errors, stop."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
-from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown, batch_cost
+from aiayn.serving.batcher import (
+    Batcher,
+    Job,
+    QueueFull,
+    ShuttingDown,
+    batch_cost,
+    in_passing_thread,
+)
 
 from helpers import wait_until
 
@@ -215,3 +223,45 @@ def test_stop_fails_waiting_jobs_and_refuses_new_ones():
     assert running.future.result(0) == [("k", [1])]  # the job in the engine finished
     with pytest.raises(ShuttingDown):
         b.submit("k", [[3]])
+
+
+# --- loading the model off the main thread ----------------------------------------------------------
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_in_passing_thread_returns_what_fn_returns_from_another_thread_that_has_ended():
+    seen = []
+    out = in_passing_thread(lambda: seen.append(threading.current_thread()) or 42)
+    assert out == 42
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+
+def test_in_passing_thread_raises_fns_exception_here():
+    def fail():
+        raise ValueError("no int8 path")
+
+    with pytest.raises(ValueError, match="no int8 path"):
+        in_passing_thread(fail)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_torchs_worker_threads_leave_with_the_passing_thread():
+    """What `aiayn serve` relies on: the OpenMP pool that parallel work on the passing thread
+    creates is gone once it returns, so the model worker's pool is the only one."""
+    import torch
+
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        before = _threads()
+
+        def parallel_work() -> int:
+            torch.ones(1 << 22).mul_(2.0)  # far above torch's grain: runs on 2 threads
+            return _threads()
+
+        during = in_passing_thread(parallel_work)
+        assert during > before  # the passing thread and its pool's worker
+        wait_until(lambda: _threads() == before, timeout=10, what="the pool's threads to end")
+    finally:
+        torch.set_num_threads(before_threads)

@@ -129,15 +129,19 @@ def main(args: argparse.Namespace) -> int:
 
     from aiayn.decoding.ensemble import load_models
     from aiayn.serving.app import create_app
+    from aiayn.serving.batcher import in_passing_thread
     from aiayn.serving.engine import Engine
 
     torch.set_num_threads(args.threads or decoding_threads(torch.get_num_threads()))
     device = torch_device(args.device)
     precision = decode_precision(args, device, "serve")
     try:
-        engine = Engine(load_models(args.model, device), max_src_tokens=args.max_src_tokens,
-                        batch_tokens=settings.batch_tokens, precision=precision,
-                        early_stop=args.early_stop, model_paths=args.model)
+        # loaded off the main thread: the model worker is then the only thread with torch's
+        # thread pool (`in_passing_thread`)
+        engine = in_passing_thread(lambda: Engine(
+            load_models(args.model, device), max_src_tokens=args.max_src_tokens,
+            batch_tokens=settings.batch_tokens, precision=precision, early_stop=args.early_stop,
+            model_paths=args.model))
     except ValueError as e:  # e.g. int8 for a model without an int8 path
         raise UserError(str(e)) from None
     app = create_app(engine, settings, api_key)

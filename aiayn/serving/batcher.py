@@ -37,9 +37,41 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 from aiayn.decoding import ROOM_TOKENS
+
+T = TypeVar("T")
+
+
+def in_passing_thread(fn: Callable[[], T]) -> T:
+    """fn() on a thread of its own that has ended when this returns: its result, or its exception
+    raised here. The server loads its model this way, so that the model worker is the only
+    thread that ever runs torch's parallel work.
+
+    Why: torch's CPU threads are OpenMP's (GNU libgomp in the CPU wheels), which keeps a pool of
+    workers for each thread that has run parallel work, for as long as that thread lives. Once
+    the pools' threads outnumber the cores, libgomp stops letting idle workers spin, and every
+    parallel region pays for waking one: a LayerNorm over (16, 1, 128) on a worker thread took
+    9.3 us when its pool was the only one and 121.5 us when the main thread had run parallel
+    work first (2 torch threads, 2-core AVX2 EPYC; `benchmarks/omp_pools.py`); `aiayn serve`
+    with 2 threads decoded at half its 1-thread speed that way. The pool of a thread that has
+    ended goes with it (10.6 us).
+    """
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the caller, raised there
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="aiayn-load", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 class QueueFull(Exception):

@@ -9,11 +9,11 @@ from aiayn.decoding import ROOM_TOKENS
 
 def decoding_threads(cores: int) -> int:
     """torch's threads in `aiayn serve` when `--threads` is not given: one core fewer than torch
-    would take, at least one. The event loop (HTTP, JSON, tokenizing) runs beside the decoding
-    worker; given every core, torch's threads and the loop take turns on them, and a decoding step
-    of a few dozen sentences gains little from a second thread (2-core AVX2 EPYC, Multi30k's
-    anchor-size model, 32 clients: 1 thread 24-33 sentences/s against 17-19 with 2;
-    docs/experiments/serving.md)."""
+    would take, at least one, so that the event loop (HTTP, JSON, tokenizing) keeps a core. On 2
+    cores (AVX2 EPYC, Multi30k's anchor-size model) one thread and two are within about 10% of
+    each other either way: 32 clients 34.6-34.9 sentences/s with one, 36.5-40.4 with two; one
+    client 4.1-4.3 with one, 3.5-3.8 with two (docs/experiments/decoding.md), the model loaded
+    off the main thread (`aiayn.serving.batcher.in_passing_thread`)."""
     return max(1, cores - 1)
 
 
