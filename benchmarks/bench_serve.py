@@ -53,6 +53,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
         cmd += ["--batch-tokens", str(args.batch_tokens)]
     if args.early_stop:
         cmd += ["--early-stop", args.early_stop]
+    if args.precision:
+        cmd += ["--precision", args.precision]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -135,6 +137,8 @@ def reference(args: argparse.Namespace, sentences: list[str]) -> dict[str, str]:
         cmd = [sys.executable, "-m", "aiayn", "translate", "--model", args.model, "--input", str(src)]
         if args.early_stop:
             cmd += ["--early-stop", args.early_stop]
+        if args.precision:
+            cmd += ["--precision", args.precision]
         out = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                              capture_output=True, check=True, timeout=3600).stdout.decode("utf-8")
     return dict(zip(sentences, out.split("\n")[:-1]))
@@ -179,6 +183,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
     p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
                    help="the server's and the reference's stopping rule (default: aiayn's)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"],
+                   help="the server's and the reference's arithmetic (default: aiayn's)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="draw sentences/s and latency against clients here (PNG)")
@@ -229,7 +235,7 @@ def main() -> int:
         print(f"\nbatching gain (32 clients / 1 client): {gain:.1f}x")
     results = {"machine": machine(), "model": args.model, "per_client": args.per_client,
                "batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms,
-               "threads": args.threads, "early_stop": args.early_stop,
+               "threads": args.threads, "early_stop": args.early_stop, "precision": args.precision,
                "levels": levels, "batching_gain_32": gain}
     if args.out:
         with atomic_write(args.out, "w") as f:
