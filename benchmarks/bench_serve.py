@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aiayn.decoding import EARLY_STOP_RULES  # noqa: E402
+from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
 from provenance import cpu_name  # noqa: E402
@@ -183,7 +183,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
     p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
                    help="the server's and the reference's stopping rule (default: aiayn's)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"],
+    p.add_argument("--precision", choices=DECODE_PRECISIONS,
                    help="the server's and the reference's arithmetic (default: aiayn's)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
     p.add_argument("--out", help="write the results as JSON here")

@@ -101,7 +101,9 @@ class RNNState:
 
 
 def _pad_source(x: Tensor, s: int) -> Tensor:
-    """(N, S', ...) zero-padded along its source axis to (N, s, ...)."""
+    """(N, S', ...) zero-padded along its source axis to (N, s, ...); x itself when S' = s."""
+    if x.size(1) == s:
+        return x
     return torch.cat([x, x.new_zeros(x.size(0), s - x.size(1), *x.shape[2:])], 1)
 
 
