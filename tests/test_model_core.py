@@ -227,6 +227,26 @@ def test_cache_holds_at_most_one_spare_layer_buffer():
     assert cache._spare is None
 
 
+def test_slots_past_the_filled_ones_are_never_read():
+    """The cache's buffers are allocated, grown and reordered without zeroing: poisoning every slot
+    past the filled ones with NaN before each step must not change a result."""
+    model = make(MICRO)
+    src, tgt = rand_batch(MICRO, b=3, t=10)
+    mask = src != 0
+    cache = model.new_cache(model.encode(src, mask), mask, capacity=1)
+    rows = torch.arange(3)
+    for t in range(tgt.size(1)):
+        for buf in [*cache.self_k, *cache.self_v]:
+            buf[:, :, cache.filled:] = float("nan")
+        step = model.decode_step(tgt[rows, t : t + 1], cache)
+        full = model(src[rows], tgt[rows, : t + 1])[:, -1]
+        torch.testing.assert_close(step, full, rtol=0, atol=1e-5)
+        if t % 3:  # some steps reorder (into the spare buffer), some do not
+            index = torch.tensor([[2, 0, 1], [1, 1, 0]][t % 2])
+            cache.reorder(index)
+            rows = rows[index]
+
+
 def test_restricted_attention_limits_the_receptive_field():
     cfg = replace(MICRO, attn_window=1, n_layers=1)
     model = make(cfg)

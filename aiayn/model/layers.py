@@ -23,7 +23,9 @@ class FeedForward(nn.Module):
         self.p_ffn_drop = cfg.p_ffn_drop  # deviation, default 0: dropout on the ReLU output
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(dropout(F.relu(self.w1(x)), self.p_ffn_drop, self.training))
+        # ReLU in place: nothing else reads w1's output (its backward needs x and W1), so decoding
+        # and training skip a (tokens, d_ff) tensor
+        return self.w2(dropout(F.relu(self.w1(x), inplace=True), self.p_ffn_drop, self.training))
 
 
 class Residual(nn.Module):
