@@ -19,9 +19,9 @@ from torch import Tensor
 
 # Positions the self-attention buffers grow by when full: a copy of the filled positions each
 # time, small beside beam search's reorder, which copies them at every step; small steps keep the
-# buffers close to what is decoded (the first step of a large batch is decoding's peak). (Growing
-# them in the reorder's copy instead saved that copy, 1% of a BASE beam search, and raised its
-# peak RSS by 36 MB: docs/experiments/decoding.md.)
+# buffers close to what is decoded (the first step of a large batch is decoding's peak). Growth is
+# a step of its own, not folded into the reorder's copy: that saved little and raised the peak
+# (docs/experiments/decoding.md).
 GROW = 4
 
 
@@ -184,8 +184,8 @@ class KVCache:
                  window: int | None = None) -> "KVCache":
         opts = dict(dtype=cross_k.dtype, device=cross_k.device)
         if window is not None:
-            capacity = min(capacity, window)  # slots are written before they are read (class doc)
-        return cls(
+            capacity = min(capacity, window)
+        return cls(  # empty: slots are written before they are read (class doc)
             self_k=[torch.empty(batch, n_heads, capacity, d_k, **opts) for _ in range(n_layers)],
             self_v=[torch.empty(batch, n_heads, capacity, d_v, **opts) for _ in range(n_layers)],
             cross_k=cross_k, cross_v=cross_v, src_mask=src_mask, window=window,
