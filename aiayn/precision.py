@@ -5,8 +5,9 @@ serve, attention, evaluate, demo, study).
 CPU with AVX512-BF16 or AMX), else fp32, the paper's arithmetic. What bf16 means stays each
 command's own: autocast with fp32 weights in training and teacher-forced scoring
 (aiayn/training/precision.py), weights cast once in decoding (aiayn/decoding/precision.py).
-Measured: bf16 was the fastest of the training and the decoding rows on both kinds of CPU with
-native bf16 (Xeon with AMX, EPYC Zen 4), and emulated, so slower than fp32, on an AVX2-only CPU
+Measured: bf16 was faster than fp32 in training and decoding on both kinds of CPU with native
+bf16 (Xeon with AMX, EPYC Zen 4; int8 decoding, never `auto`'s choice, is faster still on the
+Zen 4), and emulated, so slower than fp32, on an AVX2-only CPU
 (docs/experiments/performance.md, docs/experiments/decoding.md).
 """
 

@@ -10,8 +10,9 @@
   default: outputs may differ from fp32's where two hypotheses score within the quantization
   error (tests/test_decoding_int8.py states the tolerance).
 - auto (the CLI's default): what it means for every command, `aiayn.precision.auto_precision`:
-  bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), the fastest aiayn row of the peer
-  harness on both such kinds measured (Xeon with AMX, EPYC Zen 4); else fp32. On the AVX2 EPYC
+  bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), faster than fp32 in the peer
+  harness and end to end on both such kinds measured (Xeon with AMX, EPYC Zen 4; int8 is faster
+  still on the Zen 4, whose VNNI it uses); else fp32. On the AVX2 EPYC
   int8 was 1.2-1.4x fp32 in the harness (batches of 50 sentences) but not faster translating
   the Multi30k test set end to end (its default batches of ~1,200 beams, where fp32 products
   run near the machine's peak), so auto never picks it (docs/guides/decoding.md, "--precision
