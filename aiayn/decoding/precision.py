@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.decoding import DECODE_PRECISIONS
+from aiayn.decoding.common import model_device
 from aiayn.precision import auto_precision
 
 
@@ -84,8 +85,7 @@ def convert(model: Any, precision: str) -> Any:
         # Cast once, in place (half the memory, no per-step casts); log-softmax and scores stay
         # float32 in the search.
         model = model.to(torch.bfloat16)
-        p = next(iter(model.parameters()), None)
-        if p is not None and p.device.type == "cpu":
+        if model_device(model).type == "cpu":
             pad_product_rows(model)
         return model
     if precision == "int8":
@@ -133,16 +133,10 @@ def pad_product_rows(model: nn.Module) -> nn.Module:
     """Make every linear layer of `model` a `RowPaddedLinear`, in place, and the Transformer's
     tied pre-softmax projection (§3.4) one too, reading the target embedding matrix as before.
     For decoding only (the module tree changes; the parameters are the same objects)."""
+    from aiayn.model.int8 import replace_linears
     from aiayn.model.transformer import Transformer
 
-    def replace(module: nn.Module) -> None:
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, RowPaddedLinear(child.weight, child.bias))
-            else:
-                replace(child)
-
-    replace(model)
+    replace_linears(model, lambda linear: RowPaddedLinear(linear.weight, linear.bias))
     if isinstance(model, Transformer) and model.out_proj is None:
         model.out_proj = RowPaddedLinear(model.target_embedding.weight, None)
     return model

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -153,15 +154,14 @@ class Int8Embedding(nn.Module):
         return self.q[ids].float() * self.scale[ids].unsqueeze(-1)  # (B, T, d_model)
 
 
-def _replace_linears(module: nn.Module, levels: int) -> int:
-    n = 0
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    """Every `nn.Linear` under `module` replaced by `make(linear)`, in place: int8 quantization
+    here, and bf16 decoding's row padding (aiayn/decoding/precision.py)."""
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear.from_linear(child, levels))
-            n += 1
+            setattr(module, name, make(child))
         else:
-            n += _replace_linears(child, levels)
-    return n
+            replace_linears(child, make)
 
 
 def quantize_model(model: nn.Module, levels: int, embeddings: bool = True) -> nn.Module:
@@ -171,7 +171,7 @@ def quantize_model(model: nn.Module, levels: int, embeddings: bool = True) -> nn
     float32 weights are released as each module is replaced (unless referenced elsewhere).
     The result decodes only (no training, no state_dict round trip)."""
     model.eval()
-    _replace_linears(model, levels)
+    replace_linears(model, lambda linear: Int8Linear.from_linear(linear, levels))
     if embeddings:
         tied_output = model.out_proj is None
         q, scale = quantize_rows(model.src_embed.weight)
