@@ -2,7 +2,7 @@
 
 - fp32: the model as trained, the paper's arithmetic.
 - bf16: the weights cast to bfloat16 once (on a CPU each product's rows padded to a multiple of
-  16: `RowPaddedLinear`); log-softmax and beam scores stay float32. Fast only where the CPU
+  32: `RowPaddedLinear`); log-softmax and beam scores stay float32. Fast only where the CPU
   multiplies bf16 natively (AVX512-BF16, AMX) or on a GPU; emulated, and slow, on an AVX2-only
   CPU.
 - int8: int8 weights and per-row int8 activations in every linear layer and the tied embedding
@@ -103,9 +103,11 @@ def convert(model: Any, precision: str) -> Any:
 # bf16 products on a CPU run in oneDNN, which builds a kernel for every shape it meets and keeps
 # up to 1,024 of them, and a search's row count changes at nearly every step. Rounding the rows
 # up to a multiple of 16 cut the kernels of a Multi30k test-set translation from 663 to 243 and
-# `aiayn translate`'s peak memory from 727 to about 500 MB at the same speed, every output equal
-# (EPYC Zen 4, translation-tiny's model; docs/experiments/decoding.md).
-ROW_MULTIPLE = 16
+# `aiayn translate`'s peak memory from 727 to about 500 MB at the same speed, every output equal;
+# a multiple of 32 to about 437 MB, still at the same speed (64: about 405 MB, a little slower,
+# and a lone sentence's four beam rows padded 16-fold). EPYC Zen 4, translation-tiny's model;
+# docs/experiments/decoding.md.
+ROW_MULTIPLE = 32
 
 
 class RowPaddedLinear(nn.Module):
