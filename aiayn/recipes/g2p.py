@@ -73,13 +73,14 @@ def _final_model(run_dir: Path, model_dir: Path) -> list[str]:
 
 def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
                  beam_size: int | None = None, progress: bool = True,
-                 device: str | None = None) -> dict:
+                 device: str | None = None, alpha: float | None = None) -> dict:
     """Beam-search each word (in fp32, so results compare across machines); WER (no reference
-    pronunciation matched) and PER. `device` None: the CPU."""
+    pronunciation matched) and PER. `device` None: the CPU; `beam_size`, `alpha` None: the
+    model's config."""
     from aiayn.decoding.translate import Translator
     from aiayn.model.io import load_model
 
-    tr = Translator(load_model(model_dir, device or "cpu"), beam_size=beam_size)
+    tr = Translator(load_model(model_dir, device or "cpu"), beam_size=beam_size, alpha=alpha)
     t0 = time.perf_counter()
     hyps = tr.translate(words, progress=progress)
     seconds = time.perf_counter() - t0
