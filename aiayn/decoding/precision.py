@@ -101,12 +101,10 @@ def convert(model: Any, precision: str) -> Any:
 
 
 # bf16 products on a CPU run in oneDNN, which builds a kernel for every shape it meets and keeps
-# up to 1,024 of them, and a search's row count changes at nearly every step. Rounding the rows
-# up to a multiple of 16 cut the kernels of a Multi30k test-set translation from 663 to 243 and
-# `aiayn translate`'s peak memory from 727 to about 500 MB at the same speed, every output equal;
-# a multiple of 32 to about 437 MB, still at the same speed (64: about 405 MB, a little slower,
-# and a lone sentence's four beam rows padded 16-fold). EPYC Zen 4, translation-tiny's model;
-# docs/experiments/decoding.md.
+# up to 1,024 of them, and a search's row count changes at nearly every step: padding the rows to
+# a multiple of 32 leaves few shapes, 40% less memory at the same speed with every output
+# equal, while a lone sentence's four beam rows stay cheap to pad (64 saved little more and was a
+# little slower). The measurements: docs/experiments/decoding.md.
 ROW_MULTIPLE = 32
 
 
