@@ -55,7 +55,7 @@ EXAMPLES = (
     "aiayn download multi30k --out data/multi30k",
     "aiayn prepare --src-lang en --tgt-lang de --train data/multi30k/train --valid "
     "data/multi30k/val --test data/multi30k/test_2016_flickr --out data/m30k",
-    "aiayn train --data data/m30k --out runs/m30k --preset translation-tiny --time-budget 60",
+    "aiayn train --data data/m30k --out runs/m30k --preset translation-tiny-v2 --time-budget 60",
     "aiayn train --help",
 )
 

@@ -9,8 +9,8 @@
 #   VOCAB=4000 ...                                 # BPE pieces, shared by both languages (default 8000)
 #
 # DATA holds train/val/test_2016_flickr .{en,de}(.gz) files (default data/multi30k, fetched there
-# by `aiayn download multi30k` when missing). Settings come from the `translation-tiny` preset
-# (PRESET=translation-small-v2 or translation-small runs an earlier one;
+# by `aiayn download multi30k` when missing). Settings come from the `translation-tiny-v2` preset
+# (PRESET=translation-tiny, translation-small-v2 or translation-small runs an earlier one;
 # docs/experiments/multi30k.md); TRAIN_ARGS and TRANSLATE_ARGS are passed on to `aiayn train` and
 # `aiayn translate`.
 set -euo pipefail
@@ -23,7 +23,7 @@ if [ -z "${DATA:-}" ]; then  # data/multi30k, fetched there on first use (or a s
   [ -e "$DATA" ] || .venv/bin/aiayn download multi30k --out "$DATA"
 fi
 OUT=${OUT:-runs/multi30k-$SRC-$TGT}
-PRESET=${PRESET:-translation-tiny}
+PRESET=${PRESET:-translation-tiny-v2}
 A=.venv/bin/aiayn
 RESUME=""
 [ -e "$OUT/run/last" ] && RESUME=--resume  # a killed run continues where it stopped

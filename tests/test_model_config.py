@@ -64,6 +64,8 @@ _SMALL = dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3, warmup_
               max_tokens=4096)
 _PARSING = dict(n_layers=4, d_model=1024, beam_size=21, alpha=0.3, max_len_b=300)
 CURRENT_FIELDS = {
+    "translation-tiny-v2": dict(_SMALL, n_layers=4, d_model=128, d_ff=256, norm="pre", warmup_steps=1000,
+                                lr_scale=2.0, p_drop=0.3, alpha=1.5, lr_cooldown=0.2),
     "translation-tiny": dict(_SMALL, n_layers=4, d_model=128, d_ff=256, norm="pre", warmup_steps=400,
                              p_drop=0.3, alpha=1.5, lr_cooldown=0.2),
     "translation-small-v2": dict(_SMALL, norm="pre", warmup_steps=400, p_drop=0.2, alpha=1.5,

@@ -71,9 +71,9 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     assert json.loads(r2.stdout)["preset"] == "g2p-small" and "(preset g2p-small;" in r2.stderr
 
 
-def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
-    """`aiayn demo --keep K` reaches the trainer (a learning curve needs every checkpoint); by
-    default the trainer keeps n_average."""
+def _options_reaching_training(tmp_path, monkeypatch, runs: dict[str, dict]) -> list:
+    """Run the demo once per entry of `runs` (a subdirectory name -> run_g2p's keyword arguments)
+    up to the start of training, and return the TrainOptions each handed to the trainer."""
     import aiayn.training.trainer as trainer
     from aiayn.recipes.g2p import G2P_SMALL_V2, run_g2p
 
@@ -83,12 +83,28 @@ def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
     seen = []
 
     def fake_train(cfg, data, run, options):
-        seen.append(options.keep)
+        seen.append(options)
         raise Stop
 
     monkeypatch.setattr(trainer, "train", fake_train)
-    for keep in (30, None):
+    for name, kwargs in runs.items():
         with pytest.raises(Stop):
-            run_g2p(tmp_path / f"demo{keep}", G2P_SMALL_V2, keep=keep, minutes=0.05,
-                    max_train_words=200, n_valid=10, n_test=10, progress=False, log=lambda m: None)
-    assert seen == [30, None]
+            run_g2p(tmp_path / name, G2P_SMALL_V2, minutes=0.05, max_train_words=200, n_valid=10,
+                    n_test=10, progress=False, log=lambda m: None, **kwargs)
+    return seen
+
+
+def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
+    """`aiayn demo --keep K` reaches the trainer (a learning curve needs every checkpoint); by
+    default the trainer keeps n_average."""
+    seen = _options_reaching_training(tmp_path, monkeypatch, {"k30": {"keep": 30}, "kNone": {"keep": None}})
+    assert [o.keep for o in seen] == [30, None]
+
+
+def test_demo_seed_changes_training_not_the_words_it_is_scored_on(tmp_path, monkeypatch):
+    """`aiayn demo --seed N` reaches the trainer, while the valid and test words stay those of
+    every other seed: runs of two seeds are compared on the same words."""
+    seen = _options_reaching_training(tmp_path, monkeypatch, {"s1": {"seed": 1}, "s2": {"seed": 2}})
+    assert [o.seed for o in seen] == [1, 2]
+    for name in ("train.src", "valid.src", "valid.refs", "test.src", "test.refs"):
+        assert (tmp_path / "s1/corpus" / name).read_text() == (tmp_path / "s2/corpus" / name).read_text()

@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training time budget in minutes (default 7.5: the whole demo stays "
                         "under 10 minutes on 2 cores)")
     retire(p, "--minutes", new="--time-budget MINUTES")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1,
+                   help="training's seed (weights, dropout, batch order); the split of the words "
+                        "into train, valid and test is the same for every seed")
     add_precision_argument(p)  # of training; the test words are decoded in fp32
     add_device_argument(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")

@@ -22,7 +22,7 @@ from aiayn.commands.common import (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     set_examples(
-        p, "aiayn train --data data/m30k --out runs/m30k --preset translation-tiny --time-budget 60",
+        p, "aiayn train --data data/m30k --out runs/m30k --preset translation-tiny-v2 --time-budget 60",
         "aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash",
         "aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30",
         "aiayn train --data data/wmt --out runs/base --preset base --max-steps 100000",
