@@ -56,7 +56,6 @@ PRESETS = {"g2p-small-v2": G2P_SMALL_V2, "g2p-small": G2P_SMALL, "g2p-small-rnn"
 
 # Words not in CMUdict, to show the model generalising.
 NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
-SPLIT_SEED = 1  # the seed of the demo's one split of CMUdict into train, valid and test words
 
 
 def _final_model(run_dir: Path, model_dir: Path) -> list[str]:
@@ -106,9 +105,8 @@ def run_g2p(out_dir: str | Path, cfg: Config = G2P_SMALL_V2, preset: str = "g2p-
     t_start = time.perf_counter()
     out = Path(out_dir)
     corpus, data, run, model = out / "corpus", out / "data", out / "run", out / "model"
-    # The word split does not follow `seed` (training's: weights, dropout, batch order), so runs
-    # of every seed are chosen and scored on the same validation and test words.
-    counts = write_g2p_corpus(corpus, seed=SPLIT_SEED, n_valid=n_valid, n_test=n_test,
+    # The split is the fixed SPLIT_SEED's: `seed` is training's (weights, dropout, batch order).
+    counts = write_g2p_corpus(corpus, n_valid=n_valid, n_test=n_test,
                               max_train_words=max_train_words)
     log(f"CMUdict: {counts['words']:,} words; train {counts['train']['words']:,} words "
         f"({counts['train']['pairs']:,} pronunciations), valid {n_valid:,}, test {n_test:,} "
