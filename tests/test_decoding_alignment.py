@@ -101,7 +101,7 @@ def test_translator_align_returns_the_attention_behind_the_translation(translato
         assert a.attention.shape == (steps, len(src) + 1) and a.layer == 1 and a.head is None
         np.testing.assert_allclose(a.attention.sum(1), 1.0, atol=1e-5)
         # The reference: a teacher-forced pass, last layer, mean of the heads.
-        s, m = source_batch([src])
+        s, m = source_batch([src], multiple=1)  # no PAD keys: the weights over the source alone
         with torch.no_grad():
             tgt_in = torch.tensor([[BOS_ID] + tokens[: steps - 1]])
             _, w = model(s, tgt_in, m, return_attention=True)

@@ -36,7 +36,7 @@ def sources():
 def teacher_forced(model, src: list[int], tokens: list[int], steps: int) -> dict:
     """Every attention weight of a teacher-forced pass over `tokens` (the first `steps` decoder
     positions: [BOS] + tokens[:steps-1])."""
-    s, m = source_batch([src])
+    s, m = source_batch([src], multiple=1)  # no PAD keys: the weights over the source alone
     tgt_in = torch.tensor([[BOS_ID] + tokens[: steps - 1]])
     with torch.no_grad():
         _, w = model(s, tgt_in, m, return_attention=True)

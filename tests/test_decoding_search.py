@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
-from aiayn.decoding.common import TOPK_BLOCK, next_token_logprobs, row_topk, source_batch
+from aiayn.decoding.common import (
+    SOURCE_MULTIPLE,
+    TOPK_BLOCK,
+    decoder_length_cap,
+    next_token_logprobs,
+    row_topk,
+    source_batch,
+)
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -58,9 +65,15 @@ def test_length_penalty_and_max_lengths():
 
 
 def test_source_batch_appends_eos_and_pads():
-    src, mask = source_batch([[5, 6], [7], [8, 9, 4]])
+    src, mask = source_batch([[5, 6], [7], [8, 9, 4]], multiple=1)
     assert src.tolist() == [[5, 6, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID], [8, 9, 4, EOS_ID]]
     assert mask.tolist() == (src != PAD_ID).tolist()
+    # by default the positions are a multiple of SOURCE_MULTIPLE, never past a limit given
+    padded, padded_mask = source_batch([[5, 6], [7], [8, 9, 4]])
+    assert padded.shape == (3, SOURCE_MULTIPLE) and torch.equal(padded[:, :4], src)
+    assert (padded[:, 4:] == PAD_ID).all() and padded_mask.tolist() == (padded != PAD_ID).tolist()
+    assert source_batch([[5, 6], [7], [8, 9, 4]], limit=6)[0].shape == (3, 6)
+    assert source_batch([list(range(4, 12))], limit=6)[0].shape == (1, 9)  # never cuts a source
 
 
 def test_log_probs_are_float32_and_never_pad_or_bos():
@@ -293,7 +306,7 @@ def test_learned_positions_cap_the_output_length():
                   n_layers=1, d_model=16, d_ff=32, n_heads=2)
     torch.manual_seed(0)
     model = NoEos(cfg).eval()
-    src, mask = source_batch([[4, 5, 6]])
+    src, mask = source_batch([[4, 5, 6]], limit=decoder_length_cap(model))  # 8, not 16, positions
     for hyps in (greedy_search(model, src, mask), beam_search(model, src, mask)[0]):
         # S + 50 = 54, but the decoder has 8 positions: no crash, cut off at 8.
         assert len(hyps[0].tokens) == 8 and not hyps[0].complete

@@ -225,11 +225,24 @@ def decoder_length_cap(model: Any) -> int | None:
     return None
 
 
-def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = "cpu"
-                 ) -> tuple[Tensor, Tensor]:
-    """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD.
-    Returns src (B, S) int64 and src_mask (B, S) bool, True at real tokens."""
-    rows, lengths = pad_rows(sources)  # (B, S): pieces, then a free column for EOS
+# Source positions of a decoding batch are rounded up to a multiple of this (masked PAD keys).
+# Attention kernels sum keys in blocks whose boundaries follow the key count, so a sentence padded
+# to its batch's longest was rounded differently from the same sentence alone, enough in bf16 to
+# flip near ties; with every count a multiple of 16, a sentence gets the same numbers in any
+# batch (measured: docs/experiments/decoding.md).
+SOURCE_MULTIPLE = 16
+
+
+def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+                 multiple: int = SOURCE_MULTIPLE, limit: int | None = None) -> tuple[Tensor, Tensor]:
+    """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD,
+    S rounded up to a multiple of `multiple` (`SOURCE_MULTIPLE`: a sentence's results do not
+    depend on its batch) but not past `limit` positions (a model's learned position table,
+    `decoder_length_cap`). Returns src (B, S) int64 and src_mask (B, S) bool, True at real
+    tokens."""
+    rows, lengths = pad_rows(sources, multiple=multiple)  # (B, S): pieces, a free column for EOS, PAD
+    if limit is not None:
+        rows = rows[:, : max(limit, int(lengths.max(initial=0)) + 1)]  # the padding past it only
     rows[np.arange(len(rows)), lengths] = EOS_ID
     src = torch.from_numpy(rows).to(device)
     return src, src != PAD_ID

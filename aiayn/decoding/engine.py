@@ -33,6 +33,7 @@ from aiayn.decoding.beam import BeamSearch
 from aiayn.decoding.common import (
     Hypothesis,
     StepConstraint,
+    decoder_length_cap,
     first_parameter,
     model_device,
     source_batch,
@@ -78,6 +79,7 @@ class SearchEngine:
         p = first_parameter(model)
         self.device = model_device(model)
         self.bf16 = bf16 and (p is None or p.dtype != torch.bfloat16)
+        self.source_limit = decoder_length_cap(model)  # learned positions: pad no further
         self.waiting: deque[tuple[Hashable, Sequence[int]]] = deque()
         self.blank: list[tuple[Hashable, list[Hypothesis]]] = []  # empty sources, answered next step
         self.peak_sentences = 0  # the most sentences live at once (the room's test reads it)
@@ -115,7 +117,7 @@ class SearchEngine:
             return
         group = [self.waiting.popleft() for _ in range(take)]
         keys = [key for key, _ in group]
-        src, src_mask = source_batch([ids for _, ids in group], self.device)
+        src, src_mask = source_batch([ids for _, ids in group], self.device, limit=self.source_limit)
         step = None if self.constraint is None else self.constraint(keys, self.device)
         self.search.add(src, src_mask, keys, step)
         self.peak_sentences = max(self.peak_sentences, self.search.sentences)

@@ -97,7 +97,7 @@ def collect_attention(translator: Any, source: str, target: str | None = None) -
     model = translator.model
     steps = len(tokens) + int(complete)  # decoder positions: one per generated token
     device = next(model.parameters()).device
-    src_t, src_mask = source_batch([src], device)  # (1, S)
+    src_t, src_mask = source_batch([src], device, multiple=1)  # (1, S): no PAD columns to draw
     tgt_in = torch.tensor([[BOS_ID] + tokens[: steps - 1]], device=device)  # (1, T)
     was_training = model.training
     model.eval()
