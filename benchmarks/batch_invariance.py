@@ -29,9 +29,9 @@ def count_differing(model, sources: list[list[int]], multiple: int, steps: int) 
     import torch
 
     from aiayn.decoding import source_batch
-    from aiayn.special import BOS_ID
+    from aiayn.special import BOS_ID, EOS_ID
 
-    feed = [BOS_ID] + [4 + i for i in range(steps - 1)]  # the same tokens for every row
+    feed = [BOS_ID] + [EOS_ID + 1 + i for i in range(steps - 1)]  # ordinary pieces, alike for every row
     with torch.inference_mode():
         src, mask = source_batch(sources, multiple=multiple)
         memory = model.encode(src, mask)  # (B, S, d_model)
