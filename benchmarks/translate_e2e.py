@@ -13,7 +13,8 @@ of the child (ru_maxrss):
   (`--precision int8`, or fp32), then a Python script importing only ctranslate2 and
   sentencepiece: tokenize, `Translator.translate_batch` (beam 4 and max_batch_size 64 as
   `--ct2-batch` says, its own length normalisation: `length_penalty` 1, PAD and BOS suppressed as
-  `aiayn export` documents), detokenize, write.
+  `aiayn export` documents, outputs capped at the model's a * source + b as aiayn caps them),
+  detokenize, write.
 - ONNX (`--onnx`): the model exported once (untimed) by `aiayn export --format onnx`, then a
   Python script that tokenizes with sentencepiece and searches with `OnnxGreedy`
   (aiayn/model/export_onnx.py; its module imports torch, counted) on onnxruntime: greedy only,
@@ -67,9 +68,16 @@ def timed(cmd: list[str], cpus: str, threads: int, extra_env: dict[str, str] | N
 
 
 def ct2_child(model: str, src: str, out: str, compute_type: str, threads: int, beam: int,
-              batch: int) -> int:
+              batch: int, cap: tuple[float, int]) -> int:
     """The CTranslate2 row's process: what a user's script does (imports counted). A model with
-    one shared sentencepiece model (spm.model, which `aiayn export` copies beside the weights)."""
+    one shared sentencepiece model (spm.model, which `aiayn export` copies beside the weights).
+
+    Outputs are capped as aiayn caps them, a * (source pieces + EOS) + b (`cap`, the model's
+    max_len_a and max_len_b), so both search the same lengths: CTranslate2 takes one
+    `max_decoding_length` per call, so the sources go longest first in calls of `batch`
+    sentences (the sub-batches its `max_batch_size` would make), each capped at its longest
+    source's length. Its own default, 256 tokens, let a weak model's unfinished beams run 5x
+    further than aiayn's (docs/experiments/decoding.md)."""
     import ctranslate2
     import sentencepiece as spm
 
@@ -78,9 +86,12 @@ def ct2_child(model: str, src: str, out: str, compute_type: str, threads: int, b
     tr = ctranslate2.Translator(model, device="cpu", compute_type=compute_type,
                                 intra_threads=threads, inter_threads=1)
     pieces = sp.encode(lines, out_type=str)
-    res = tr.translate_batch(pieces, beam_size=beam, max_batch_size=batch,
-                             suppress_sequences=[["<pad>"], ["<s>"]])
-    text = [sp.decode(r.hypotheses[0]) for r in res]
+    text = [""] * len(pieces)
+    for group, limit in capped_groups([len(p) for p in pieces], batch, cap):
+        res = tr.translate_batch([pieces[i] for i in group], beam_size=beam, max_batch_size=batch,
+                                 max_decoding_length=limit, suppress_sequences=[["<pad>"], ["<s>"]])
+        for i, r in zip(group, res):
+            text[i] = sp.decode(r.hypotheses[0])
     Path(out).write_text("".join(t + "\n" for t in text), encoding="utf-8")
     return 0
 
@@ -100,6 +111,21 @@ def onnx_child(model: str, src: str, out: str, threads: int) -> int:
         out_pieces += search.search(pieces[start:start + 64])
     Path(out).write_text("".join(sp.decode(o) + "\n" for o in out_pieces), encoding="utf-8")
     return 0
+
+
+def capped_groups(lengths: list[int], batch: int, cap: tuple[float, int]) -> list[tuple[list[int], int]]:
+    """The CTranslate2 row's calls: source indices longest first in groups of `batch`, each with
+    the output cap of its longest source, floor(a * (pieces + EOS) + b) as aiayn's
+    `max_output_lengths` gives it."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups = [order[i:i + batch] for i in range(0, len(order), batch)]
+    return [(g, int(cap[0] * (lengths[g[0]] + 1) + cap[1] + 1e-9)) for g in groups]
+
+
+def output_cap(model: Path) -> tuple[float, int]:
+    """The model's output length cap, a * source + b (config.json's max_len_a, max_len_b)."""
+    cfg = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    return float(cfg.get("max_len_a", 1.0)), int(cfg.get("max_len_b", 50))
 
 
 def bleu(hyp: Path, refs: list[str]) -> float:
@@ -139,6 +165,7 @@ def main() -> int:
     p.add_argument("--cpus", default="0,1")
     p.add_argument("--ct2-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--compute-type", help=argparse.SUPPRESS)
+    p.add_argument("--ct2-cap", nargs=2, type=float, default=(1.0, 50), help=argparse.SUPPRESS)
     p.add_argument("--onnx-child", nargs=3, metavar=("MODEL", "SRC", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.onnx_child:
@@ -148,7 +175,8 @@ def main() -> int:
     if a.greedy:
         a.beam = 1
     if a.ct2_child:
-        return ct2_child(*a.ct2_child, a.compute_type, a.threads, a.beam, a.ct2_batch)
+        return ct2_child(*a.ct2_child, a.compute_type, a.threads, a.beam, a.ct2_batch,
+                         (a.ct2_cap[0], int(a.ct2_cap[1])))
     if not (a.model and a.src and a.ref and a.out):
         p.error("--model, --src, --ref and --out are required")
     a.out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +222,8 @@ def main() -> int:
         hyp = a.out / f"ct2-{ct}.hyp"
         run(f"CTranslate2 {ct} (Python)",
             [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
-             "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch)],
+             "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch),
+             "--ct2-cap", *map(str, output_cap(Path(a.model)))],
             hyp)
     if a.onnx:
         export = a.out / "onnx"

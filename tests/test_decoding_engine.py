@@ -181,7 +181,8 @@ def test_reduced_precision_results_do_not_depend_on_the_neighbours(reverser, pre
 
 def test_the_engine_holds_no_more_than_its_room(reverser):
     sources = _sources(40, seed=2)
-    for room in (dict(batch_size=5), dict(batch_tokens=24)):
+    sources += [[5] * 20, [6] * 17]  # wider than one multiple of the source padding
+    for room in (dict(batch_size=5), dict(batch_tokens=70)):
         engine = SearchEngine(reverser, SearchOptions(beam_size=4, **room))
         for i, ids in enumerate(sources):
             engine.submit(i, ids)
@@ -190,8 +191,12 @@ def test_the_engine_holds_no_more_than_its_room(reverser):
             seen |= {i for i, _ in engine.step()}
             live_rows.append(engine.search.rows)
             n = engine.live
-            longest = max(engine.search.src_lens, default=0)
-            assert n <= room.get("batch_size", n) and n * longest <= room.get("batch_tokens", 10**9)
+            # the source positions the cache holds: each cohort's sentences x its padded width
+            parts = [] if engine.search.cache is None else engine.search.cache.parts
+            held = sum(p.src_mask.numel() for p in parts)
+            assert held == sum(engine.search.src_widths)
+            assert n * max(engine.search.src_widths, default=0) <= room.get("batch_tokens", 10**9)
+            assert n <= room.get("batch_size", n) and held <= room.get("batch_tokens", 10**9)
         assert seen == set(range(len(sources)))
         assert max(live_rows) <= 4 * engine.peak_sentences and engine.peak_sentences > 1
     engine.submit("blank", [])  # a blank line: no model, one empty hypothesis at the next step

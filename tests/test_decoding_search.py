@@ -17,6 +17,7 @@ from aiayn.decoding.common import (
     next_token_logprobs,
     row_topk,
     source_batch,
+    source_width,
 )
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
@@ -74,6 +75,11 @@ def test_source_batch_appends_eos_and_pads():
     assert (padded[:, 4:] == PAD_ID).all() and padded_mask.tolist() == (padded != PAD_ID).tolist()
     assert source_batch([[5, 6], [7], [8, 9, 4]], limit=6)[0].shape == (3, 6)
     assert source_batch([list(range(4, 12))], limit=6)[0].shape == (1, 9)  # never cuts a source
+    # the room's measure (`source_width`) is the width source_batch gives, for any longest row
+    for longest in (1, 2, 15, 16, 17, 33):
+        for limit in (None, 6, 20, 40):
+            width = source_batch([[5] * (longest - 1), [6]], limit=limit)[0].shape[1]
+            assert source_width(longest, limit=limit) == width
 
 
 def test_log_probs_are_float32_and_never_pad_or_bos():

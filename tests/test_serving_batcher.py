@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from aiayn.decoding.common import source_batch
 from aiayn.serving.batcher import (
     Batcher,
     Job,
@@ -77,16 +78,19 @@ def run_until_idle(b: Batcher) -> None:
         b.step()
 
 
-def test_batch_cost_is_sentences_times_longest():
-    assert batch_cost(3, 7) == 21
+def test_batch_cost_counts_the_source_positions_decoding_holds():
+    for n, longest in ((3, 7), (1, 1), (2, 16), (5, 17), (4, 40)):
+        src, _ = source_batch([[5] * (longest - 1)] + [[6]] * (n - 1))  # longest counts its EOS
+        assert batch_cost(n, longest) == src.numel()  # sentences x the padded width
+    assert batch_cost(3, 7) == 3 * 16 and batch_cost(2, 17) == 2 * 32
 
 
 def test_next_batch_takes_same_key_jobs_in_order_within_the_budget():
-    b = Batcher(Engines(), batch_tokens=20, max_wait=0.0)
-    j1 = b.submit("k", [[1, 2, 3]])  # longest 4 (EOS counted)
+    b = Batcher(Engines(), batch_tokens=50, max_wait=0.0)
+    j1 = b.submit("k", [[1, 2, 3]])  # longest 4 (EOS counted), 16 positions padded
     j2 = b.submit("other", [[5]])
-    j3 = b.submit("k", [[4], [5, 6]])  # 3 sentences x 4 = 12 <= 20
-    j4 = b.submit("k", [[1, 2, 3, 4, 5]])  # 4 sentences x 6 = 24 > 20: left for later
+    j3 = b.submit("k", [[4], [5, 6]])  # 3 sentences x 16 = 48 <= 50
+    j4 = b.submit("k", [[1, 2, 3, 4, 5]])  # 4 sentences x 16 = 64 > 50: left for later
     j5 = b.submit("k", [[7]])  # would fit, but the batch is full in arrival order
     assert b.pending == 6
     assert b.next_batch() == [j1, j3]
@@ -110,7 +114,7 @@ def test_after_a_step_that_answered_several_requests_the_next_waits_for_their_re
 
 def test_a_job_over_the_budget_runs_alone():
     b = Batcher(Engines(), batch_tokens=4, max_wait=0.0)
-    big = b.submit("k", [[1, 2, 3], [4, 5, 6]])  # cost 8 > 4
+    big = b.submit("k", [[1, 2, 3], [4, 5, 6]])  # cost 2 x 16 = 32 > 4
     small = b.submit("k", [[1]])
     assert b.next_batch() == [big]
     assert b.next_batch() == [small]

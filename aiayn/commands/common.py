@@ -265,7 +265,8 @@ def add_search_arguments(p: argparse.ArgumentParser, nbest: bool = True) -> None
     g = b.add_mutually_exclusive_group()
     g.add_argument("--batch-tokens", type=int, default=ROOM_TOKENS, metavar="T",
                    help="room of the search: the sentences decoded at once x their longest "
-                        f"source; waiting sentences join as others finish (default {ROOM_TOKENS})")
+                        "source, padded to a multiple of 16; waiting sentences join as others "
+                        f"finish (default {ROOM_TOKENS})")
     g.add_argument("--batch-size", type=int, metavar="N",
                    help="at most N sentences decoded at once instead")
     b.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",

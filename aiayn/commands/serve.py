@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group("batching")
     b.add_argument("--batch-tokens", type=int, default=d.batch_tokens, metavar="T",
                    help=f"room of the running search: sentences decoded at once x their longest "
-                        f"source; requests join it as others finish (default {d.batch_tokens})")
+                        f"source, padded to a multiple of 16; requests join it as others finish "
+                        f"(default {d.batch_tokens})")
     b.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, metavar="MS",
                    help=f"when nothing is being decoded, the longest wait for more requests "
                         f"before a search starts (default {d.max_wait_ms:g})")

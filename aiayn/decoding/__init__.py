@@ -19,11 +19,13 @@ DECODE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # when a sentence's beam search ends (aiayn/decoding/beam.py): "exact", the default, or "current"
 EARLY_STOP_RULES = ("exact", "current")
 # The decoding engine's default room, `--batch-tokens` of translate, parse and serve: the
-# sentences decoded at once x their longest source (EOS included). With sentences joining as
-# others finish, 2,000 decoded Multi30k's test set as fast as 4,000 in 80 MB less (2-core AVX2
-# EPYC, the anchor-size model: 12.2 s / 433 MB against 12.6 s / 513 MB; 1,000 took 1.5x the
-# time; docs/experiments/decoding.md)
-ROOM_TOKENS = 2000
+# sentences decoded at once x their longest source (EOS included), in the positions decoding
+# holds (padded to `common.SOURCE_MULTIPLE`). 3,000 padded positions hold what 2,000 real tokens
+# held before the room counted the padding (Multi30k test, the recipe's model, 2-core Zen 4:
+# level in time and peak RSS, at most 6% slower and 23 MB more in bf16, int8 and fp32), and
+# 2,000 real tokens decoded that set as fast as 4,000 in 80 MB less (2-core AVX2 EPYC; 1,000
+# took 1.5x the time; docs/experiments/decoding.md)
+ROOM_TOKENS = 3000
 
 _LAZY = {"beam_search": "beam", "Hypothesis": "common", "length_penalty": "common",
          "max_output_lengths": "common", "source_batch": "common", "greedy_search": "greedy"}

@@ -202,6 +202,7 @@ class BeamSearch:
         self.a_rows = 0 if attention is None else math.prod(self.a_shape)
         self.keys: list[Hashable] = []  # the live sentences' keys, in row order
         self.src_lens: list[int] = []  # their real source tokens (EOS included)
+        self.src_widths: list[int] = []  # the source positions each one's cohort holds (padded)
         self.cache: Any = None
         self.constraint: StepConstraint | None = None
         self.t = self.max_lens = self.bound_lp = self.raw = None  # (n,), (n,), (n,), (n, k)
@@ -269,6 +270,7 @@ class BeamSearch:
                 self.hist_w = torch.cat([_pad_attn(self.hist_w, width, s), new["hist_w"]])
         self.keys += list(keys)
         self.src_lens += src_mask.sum(dim=1).tolist()
+        self.src_widths += [src.size(1)] * n
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
@@ -364,6 +366,7 @@ class BeamSearch:
             kept = keep.tolist()
             self.keys = [self.keys[i] for i in kept]
             self.src_lens = [self.src_lens[i] for i in kept]
+            self.src_widths = [self.src_widths[i] for i in kept]
             if not kept:  # every sentence is done: the search is empty, ready for new ones
                 self.cache = self.constraint = self.pool = None
                 self.hist_tok = self.hist_lp = self.hist_w = None

@@ -233,6 +233,15 @@ def decoder_length_cap(model: Any) -> int | None:
 SOURCE_MULTIPLE = 16
 
 
+def source_width(longest: int, multiple: int = SOURCE_MULTIPLE, limit: int | None = None) -> int:
+    """The positions `source_batch` gives a batch whose longest source is `longest` tokens (EOS
+    included): rounded up to `multiple`, not past `limit` unless the source itself is longer.
+    The decoding room (`--batch-tokens`) counts these, the positions the encoder and the cache
+    actually hold, not the real tokens."""
+    width = -(-longest // multiple) * multiple
+    return width if limit is None else min(width, max(limit, longest))
+
+
 def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = "cpu",
                  multiple: int = SOURCE_MULTIPLE, limit: int | None = None) -> tuple[Tensor, Tensor]:
     """Padded model input from subword ids (no specials): each row is pieces + [EOS], then PAD,

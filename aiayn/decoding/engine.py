@@ -6,8 +6,11 @@ running `BeamSearch` as soon as there is room (encoded as they join), and each i
 step it is done, so the batch stays full until the queue runs dry instead of running down with
 its longest sentence before the next batch starts.
 
-Room is measured as batching always has been here: the live sentences times their longest
-source (EOS included) at most `batch_tokens`, and at most `batch_size` sentences when given.
+Room is measured as batching always has been here, sentences times their longest source, in
+the positions decoding holds: the live sentences times the widest source any of their cohorts
+holds (EOS included, padded as `source_batch` pads it, `source_width`; a cohort keeps its width
+until its last sentence leaves) at most `batch_tokens`, and at most `batch_size` sentences when
+given.
 That bounds what decoding holds (the cache is k rows per live sentence, each at most its maximum
 output length long) however many sentences wait: the memory of a search does not grow with its
 input. Newcomers join in groups of at least half the sentences then live (one encoder call and
@@ -37,6 +40,7 @@ from aiayn.decoding.common import (
     first_parameter,
     model_device,
     source_batch,
+    source_width,
 )
 from aiayn.model.attention import decoding_kernels
 
@@ -104,15 +108,15 @@ class SearchEngine:
     def _join(self) -> None:
         """Move as many waiting sentences into the search as there is room for (module doc)."""
         opts, live = self.options, self.search.sentences
-        longest = max(self.search.src_lens, default=0)
+        widest = max(self.search.src_widths, default=0)  # what the live cohorts hold
         take = 0
         for key, ids in self.waiting:
-            s = max(longest, len(ids) + 1)  # + EOS
+            s = max(widest, source_width(len(ids) + 1, limit=self.source_limit))  # + EOS
             n = live + take + 1
             if live + take and (n * s > opts.batch_tokens
                                 or (opts.batch_size is not None and n > opts.batch_size)):
                 break
-            longest, take = s, take + 1
+            widest, take = s, take + 1
         if not take or (live and take < JOIN_FRACTION * (live + take)):
             return
         group = [self.waiting.popleft() for _ in range(take)]

@@ -54,7 +54,7 @@ class SearchOptions:
     max_len_a: float | None = None
     max_len_b: float | None = None
     nbest: int = 1
-    batch_tokens: int = ROOM_TOKENS  # sentences x longest source (EOS included) decoded at once
+    batch_tokens: int = ROOM_TOKENS  # sentences x longest source (EOS, padding) decoded at once
     batch_size: int | None = None  # at most this many sentences per batch, when given
     # Not in the paper (0 = off): no EOS before decoding step min_len, so a complete output has
     # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes
@@ -106,7 +106,7 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
 
     The sources go through one `aiayn.decoding.engine.SearchEngine`, longest first: sentences
     join the search as others finish, within `options.batch_tokens` (live sentences x their
-    longest source) and `options.batch_size`. The model runs on its own device in eval mode (a
+    longest source, padded: `aiayn.decoding.common.source_width`) and `options.batch_size`. The model runs on its own device in eval mode (a
     model in training mode, e.g. for dev BLEU during training, goes back to training mode
     afterwards); with `bf16` under bf16 autocast unless its weights are bf16 already.
     Sources must fit the model (`Translator.prepare` truncates). Progress (aiayn/progress.py,

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 from aiayn.decoding import ROOM_TOKENS
+from aiayn.decoding.common import source_width
 
 T = TypeVar("T")
 
@@ -96,8 +97,9 @@ class Job:
 
 
 def batch_cost(n_sentences: int, longest: int) -> int:
-    """Sentences x longest source (EOS included), the `--batch-tokens` measure of a batch."""
-    return n_sentences * longest
+    """Sentences x longest source (EOS included, padded as decoding pads it), the
+    `--batch-tokens` measure of a batch (`aiayn.decoding.engine`'s room)."""
+    return n_sentences * source_width(longest)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ class ServeSettings:
     """What one `aiayn serve` process accepts and how it batches.
 
     Batching: concurrent requests with the same search settings are gathered into one beam search
-    while its cost, sentences x longest source (EOS included, as `aiayn translate --batch-tokens`
-    counts it), stays within `batch_tokens`; the worker waits at most `max_wait_ms` after the
-    oldest waiting request arrived before it starts an incomplete batch.
+    while its cost, sentences x longest source (EOS and padding included, as `aiayn translate
+    --batch-tokens` counts it), stays within `batch_tokens`; the worker waits at most
+    `max_wait_ms` after the oldest waiting request arrived before it starts an incomplete batch.
     Limits: `max_chars` characters and `max_sentences` texts per request (answered 413 above);
     `max_queue` sentences waiting for the model (a request that would exceed it is answered 503
     with Retry-After); `timeout_s` seconds from arrival to answer (504 after); `max_beam` bounds a
