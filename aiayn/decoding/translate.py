@@ -106,11 +106,11 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
 
     The sources go through one `aiayn.decoding.engine.SearchEngine`, longest first: sentences
     join the search as others finish, within `options.batch_tokens` (live sentences x their
-    longest source, padded: `aiayn.decoding.common.source_width`) and `options.batch_size`. The model runs on its own device in eval mode (a
-    model in training mode, e.g. for dev BLEU during training, goes back to training mode
-    afterwards); with `bf16` under bf16 autocast unless its weights are bf16 already.
-    Sources must fit the model (`Translator.prepare` truncates). Progress (aiayn/progress.py,
-    stderr) counts sentences. `constraint`, when given, builds the step constraint of the
+    longest source, padded: `aiayn.decoding.common.source_width`) and `options.batch_size`. The
+    model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
+    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
+    unless its weights are bf16 already. Sources must fit the model (`Translator.prepare`
+    truncates). Progress (aiayn/progress.py, stderr) counts sentences. `constraint`, when given, builds the step constraint of the
     sentences that join together (their indices into `sources`)."""
     cfg = decoding_defaults(model)
     options.validate(cfg)
