@@ -116,7 +116,8 @@ def onnx_child(model: str, src: str, out: str, threads: int) -> int:
 def capped_groups(lengths: list[int], batch: int, cap: tuple[float, int]) -> list[tuple[list[int], int]]:
     """The CTranslate2 row's calls: source indices longest first in groups of `batch`, each with
     the output cap of its longest source, floor(a * (pieces + EOS) + b) as aiayn's
-    `max_output_lengths` gives it."""
+    `max_output_lengths` gives it (written out here: the CTranslate2 row imports no torch, and
+    tests/test_bench_translate_e2e.py checks the two agree)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups = [order[i:i + batch] for i in range(0, len(order), batch)]
     return [(g, int(cap[0] * (lengths[g[0]] + 1) + cap[1] + 1e-9)) for g in groups]
