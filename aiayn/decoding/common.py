@@ -249,9 +249,9 @@ def source_batch(sources: Sequence[Sequence[int]], device: torch.device | str = 
     depend on its batch) but not past `limit` positions (a model's learned position table,
     `decoder_length_cap`). Returns src (B, S) int64 and src_mask (B, S) bool, True at real
     tokens."""
-    rows, lengths = pad_rows(sources, multiple=multiple)  # (B, S): pieces, a free column for EOS, PAD
-    if limit is not None:
-        rows = rows[:, : max(limit, int(lengths.max(initial=0)) + 1)]  # the padding past it only
+    rows, lengths = pad_rows(sources, multiple=multiple)  # (B, S'): pieces, a column for EOS, PAD
+    width = source_width(int(lengths.max(initial=0)) + 1, multiple, limit)  # S <= S': PAD cut only
+    rows = rows[:, :width]  # (B, S)
     rows[np.arange(len(rows)), lengths] = EOS_ID
     src = torch.from_numpy(rows).to(device)
     return src, src != PAD_ID

@@ -110,8 +110,9 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]], options: Search
     model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
     during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
     unless its weights are bf16 already. Sources must fit the model (`Translator.prepare`
-    truncates). Progress (aiayn/progress.py, stderr) counts sentences. `constraint`, when given, builds the step constraint of the
-    sentences that join together (their indices into `sources`)."""
+    truncates). Progress (aiayn/progress.py, stderr) counts sentences. `constraint`, when
+    given, builds the step constraint of the sentences that join together (their indices into
+    `sources`)."""
     cfg = decoding_defaults(model)
     options.validate(cfg)
     results: list[list[Hypothesis]] = [[] for _ in sources]
