@@ -159,6 +159,20 @@ def test_overwrite_and_resume_of_a_finished_run(data, tmp_path):
     assert [st for st, _ in list_checkpoints(run)] == [2]
 
 
+def test_resume_repoints_last_left_behind_by_a_kill(data, tmp_path):
+    # a kill after the final checkpoint's directory but before `last` moved to it: the resumed
+    # run has nothing left to train, and `last` must still end at the final weights
+    run = tmp_path / "r"
+    train(small_cfg(), data, run, quiet(max_steps=4, save_every=2, eval_every=0))
+    final = load_file(str(run / "last" / "model.safetensors"))
+    os.replace(run / "last", tmp_path / "old-last")
+    os.symlink(os.path.join("checkpoints", list_checkpoints(run)[0][1].name), run / "last")
+    s = train(None, data, run, quiet(max_steps=4, save_every=2, resume=True, eval_every=0))
+    assert s["steps"] == 4
+    assert (run / "last").resolve() == list_checkpoints(run)[-1][1].resolve()
+    assert all(torch.equal(final[k], v) for k, v in load_file(str(run / "last" / "model.safetensors")).items())
+
+
 def test_sigkill_then_resume_is_bit_identical(data, tmp_path):
     """A real training process is killed with SIGKILL after its first checkpoint; resuming it
     ends with exactly the weights of an uninterrupted run (dropout on, evaluation on)."""

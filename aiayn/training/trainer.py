@@ -132,6 +132,8 @@ class Trainer:
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.remove_stale_temporaries(self.run_dir)  # safe: rank 0 holds the run's lock
+            if self.resume_from is not None:  # a kill between a checkpoint and its `last` link
+                ckpt.point_last(self.run_dir, self.resume_from)  # left it one behind
         self.log = RunLog(self.run_dir, env, options.tensorboard, self.step if state else 0)
         self.wall_before = self.progress.wall_seconds  # earlier sessions of a resumed run
         self.t_start = _clock()  # reset when the loop starts
