@@ -2,14 +2,16 @@
 
 Variants, each a full update (forward, label-smoothed loss, backward, Adam) of one preset:
   reference   torch's F.dropout, the textbook loss (float32 log-softmax over (N, V), gather,
-              mean) and PyTorch's own attention kernel choice: what the step cost before the
-              fast paths;
+              mean) and PyTorch's own attention kernel choice (its fused flash kernel on a
+              CPU): what the step cost before the fast paths;
   +dropout    aiayn's dropout mask from 64-bit random words (aiayn/model/dropout.py);
   +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py);
-  +attention  ...and aiayn's attention kernel choice for CPU training (the unfused kernel for
-              short keys, aiayn/model/attention.py `unfused_training`): the default step, what
-              `aiayn train` runs.
-Variants alternate step by step (reference, +dropout, +loss, +attention, reference, ...), so
+  +attention  ...and PyTorch's unfused (math) SDPA kernel where aiayn's rule
+              (aiayn/model/attention.py `unfused_training`) says unfused: what `aiayn train`
+              ran before its own written-out attention;
+  +softmax    ...and that attention written out with its own float32 softmax
+              (`training_attention`): the default step, what `aiayn train` runs.
+Variants alternate step by step (reference, +dropout, +loss, ..., reference, ...), so
 drift of the machine's speed hits them alike; each gets the same batches and the same starting
 weights. Prints target tokens/s per variant and the ratios to the reference and to the row above.
 
@@ -43,6 +45,7 @@ if __name__ == "__main__":  # as `aiayn train` runs, before torch loads
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_batching import SyntheticDataset  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import aiayn.model.attention as attention_module  # noqa: E402
 import aiayn.model.layers as layers_module  # noqa: E402
@@ -75,22 +78,33 @@ def torch_dropout(x, p, training):
     return F.dropout(x, p, training)
 
 
+def sdpa_math(q, k, v, mask, is_causal, dropout_p):
+    """PyTorch's unfused SDPA kernel, the path `training_attention` replaced."""
+    with sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal and mask is None)
+
+
 @contextlib.contextmanager
 def variant(name: str):
     """Swap the fast paths for the reference ones where the model and updater look them up."""
-    saved = (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
-             attention_module.MATH_MAX_KEYS_FP32)
+    saved = (layers_module.dropout, transformer_module.dropout, attention_module.dropout,
+             seq2seq_module.label_smoothed_loss, attention_module.unfused_training,
+             attention_module.training_attention)
     if name == "reference":
-        layers_module.dropout = transformer_module.dropout = torch_dropout
+        layers_module.dropout = transformer_module.dropout = attention_module.dropout = torch_dropout
     if name in ("reference", "+dropout"):
         seq2seq_module.label_smoothed_loss = textbook_loss
-    if name != "+attention":  # float32: PyTorch's own (flash) kernel at every length; bf16 as before
-        attention_module.MATH_MAX_KEYS_FP32 = 0
+    if name in ("reference", "+dropout", "+loss"):  # PyTorch's own (flash) kernel at every length
+        attention_module.unfused_training = lambda q, k: False
+    if name == "+attention":
+        attention_module.training_attention = sdpa_math
     try:
         yield
     finally:
-        (layers_module.dropout, transformer_module.dropout, seq2seq_module.label_smoothed_loss,
-         attention_module.MATH_MAX_KEYS_FP32) = saved
+        (layers_module.dropout, transformer_module.dropout, attention_module.dropout,
+         seq2seq_module.label_smoothed_loss, attention_module.unfused_training,
+         attention_module.training_attention) = saved
 
 
 def main() -> int:
@@ -119,7 +133,7 @@ def main() -> int:
     sampler = TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, args.max_tokens, seed=1)
     batches = [collate(ds, b) for b in sampler.epoch_batches(0)[: args.warmup + args.steps]]
 
-    names = ["reference", "+dropout", "+loss", "+attention"]
+    names = ["reference", "+dropout", "+loss", "+attention", "+softmax"]
     torch.manual_seed(1)
     base = Transformer(cfg)
     prec = Precision(args.precision, torch.device("cpu"))

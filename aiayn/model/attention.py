@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.config import Config
 from aiayn.model.banded import Band, banded_attention
+from aiayn.model.dropout import dropout
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -44,23 +45,23 @@ def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()
 
 
-_MATH_ONLY = [SDPBackend.MATH]
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-# Longest key sequence for which the unfused (math) kernel trains faster on a CPU in float32.
-# Measured forward + backward on a 2-core Xeon Skylake-SP (docs/experiments/performance.md):
+# Longest key sequence for which unfused attention trains faster on a CPU in float32. Measured
+# with PyTorch's math kernel (what ran before `training_attention`), forward + backward on a
+# 2-core Xeon Skylake-SP (docs/experiments/performance.md):
 # 1.4-1.8x faster than the flash kernel at 9-35 keys (G2P words, Multi30k sentences), about even
 # at 64, 1.5x faster at 128 and 1.7x slower at 256, where the (B, h, T, S) weights outgrow cache.
 MATH_MAX_KEYS_FP32 = 128
 
 
 def unfused_training(q: Tensor, k: Tensor) -> bool:
-    """Whether a training step's attention (gradients on, CPU) uses PyTorch's unfused math kernel
-    instead of its fused (flash) one: the flash kernel's blocking and its backward's recomputation
-    cost more than they save for the short sequences of translation batches. Always in bf16
-    (measured 1.6x slower per training step fused than unfused); in float32 up to
-    `MATH_MAX_KEYS_FP32` keys. Same mathematics, rounding aside."""
+    """Whether a training step's attention (gradients on, CPU) is Eq. 1 written out
+    (`training_attention`) instead of PyTorch's fused (flash) kernel: the flash kernel's blocking
+    and its backward's recomputation cost more than they save for the short sequences of
+    translation batches. Always in bf16 (measured 1.6x slower per training step fused than
+    unfused); in float32 up to `MATH_MAX_KEYS_FP32` keys. Same mathematics, rounding aside."""
     if q.device.type != "cpu" or not torch.is_grad_enabled():
         return False
     bf16 = q.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
@@ -68,8 +69,45 @@ def unfused_training(q: Tensor, k: Tensor) -> bool:
     return bf16 or k.size(-2) <= MATH_MAX_KEYS_FP32
 
 
-def _backend_for(q: Tensor, k: Tensor):
-    return sdpa_kernel(_MATH_ONLY) if unfused_training(q, k) else contextlib.nullcontext()
+class _RowSoftmax(torch.autograd.Function):
+    """softmax over the last dim, computed in float32 as whole-tensor passes (max, exp, sum,
+    divide) with its own backward, y * (g - sum(g * y)); the weights come out in the scores'
+    dtype (bf16 under autocast, as the product with V takes them). Hand-written because PyTorch's
+    CPU softmax kernel is slow on rows as short as a training step's (9-26 keys for Multi30k and
+    G2P), and its unfused SDPA kernel, which ran here before, adds a check for fully masked rows
+    and float32 copies under bf16 autocast: a training step in bf16 runs 1.10x faster with this
+    path than with that kernel (`translation-tiny-v2`; `g2p-small-v2` 1.22-1.27x), level in
+    float32 (benchmarks/bench_step.py, docs/experiments/performance.md). A fully masked row gets
+    weights 0, as SDPA gives it."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor) -> Tensor:
+        x = scores.float()
+        # A fully masked row has max -inf; clamping it keeps exp(-inf - max) at 0, not NaN.
+        e = (x - x.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).min)).exp_()
+        y = e.div_(e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny))
+        ctx.save_for_backward(y)  # float32: the backward's products in full precision
+        return y.to(scores.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        gf = g.float()
+        return (y * (gf - (gf * y).sum(dim=-1, keepdim=True))).to(g.dtype)
+
+
+def training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                       dropout_p: float) -> Tensor:
+    """Eq. 1 for a CPU training step with short keys (where `unfused_training` says so): the
+    products in the autocast dtype, the softmax computed in float32 (`_RowSoftmax`), aiayn's
+    dropout on the weights. Shapes as `explicit_attention`; returns (B, h, T, d_v)."""
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (B, h, T, S)
+    if is_causal and mask is None:
+        mask = causal_mask(q.size(-2), q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = dropout(_RowSoftmax.apply(scores), dropout_p, True)  # (B, h, T, S)
+    return w @ v  # (B, h, T, d_v)
 
 
 def decoding_kernels(device: torch.device):
@@ -157,10 +195,11 @@ class MultiHeadAttention(nn.Module):
             if is_causal:
                 mask = causal_mask(q.size(-2), q.device)
             out, w = explicit_attention(q, k, v, mask, p)
+        elif unfused_training(q, k):
+            out, w = training_attention(q, k, v, mask, is_causal, p), None
         else:
-            with _backend_for(q, k):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                     is_causal=is_causal and mask is None)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 is_causal=is_causal and mask is None)
             w = None
         b, _, t, _ = out.shape
         return out.transpose(1, 2).reshape(b, t, self.h * self.d_v), w  # (B, T, h d_v): Concat(heads)
