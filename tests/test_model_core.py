@@ -136,8 +136,8 @@ def _attention_inputs(seed=0, b=3, h=2, t=5, s=7, d=4):
 def test_training_attention_equals_eq1_written_with_torch_softmax(masking):
     """The training step's attention (its own float32 softmax and backward) against
     `explicit_attention` (torch's softmax and autograd): outputs and the gradients of q, k, v."""
-    t = s = 6 if masking == "causal" else None
-    q, k, v = _attention_inputs(t=t or 5, s=s or 7)
+    t, s = (6, 6) if masking == "causal" else (5, 7)  # causal: as many keys as queries
+    q, k, v = _attention_inputs(t=t, s=s)
     mask, is_causal = None, masking == "causal"
     if masking == "padding":
         mask = torch.ones(3, 1, 1, k.size(-2), dtype=torch.bool)
@@ -174,16 +174,24 @@ def test_training_attention_gives_a_fully_masked_row_zero_weights():
 
 
 def test_training_attention_in_bf16_autocast_is_close_to_float32():
-    """Under bf16 autocast (the products in bf16, the softmax in float32) within bf16's rounding of
-    the float32 result; the weights it makes sum to 1 on every row."""
+    """Under bf16 autocast (the products in bf16, the softmax computed in float32): output and
+    gradients within bf16's rounding of the float32 reference's."""
     q, k, v = _attention_inputs(s=12)
     mask = torch.ones(3, 1, 1, 12, dtype=torch.bool)
     mask[2, ..., 4:] = False
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = training_attention(q, k, v, mask, False, 0.0)
     assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
     ref = explicit_attention(q, k, v, mask)[0]
-    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    ref.sum().backward()
+    torch.testing.assert_close(out.float(), ref.detach(), rtol=0.05, atol=0.05)
+    for g, x in zip(grads, (q, k, v)):
+        assert g.dtype == torch.float32  # the leaves' own dtype, through autocast's casts
+        torch.testing.assert_close(g, x.grad, rtol=0.05, atol=0.05)
 
 
 def test_training_attention_dropout_keeps_the_expected_value():
