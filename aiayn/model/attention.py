@@ -19,16 +19,22 @@ from aiayn.model.banded import Band, banded_attention
 from aiayn.model.dropout import dropout
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)) with illegal connections set to -inf (§3.2.1, Eq. 1).
+def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Q K^T / sqrt(d_k) with illegal connections set to -inf (§3.2.1, Eq. 1, before softmax).
 
     q: (B, h, T, d_k), k: (B, h, S, d_k), mask: broadcastable to (B, h, T, S), True = may attend.
-    Returns (B, h, T, S) float weights.
+    Returns (B, h, T, S) scores.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1)
+    return scores
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) (§3.2.1, Eq. 1); shapes as `masked_scores`. Returns (B, h, T, S)
+    float weights."""
+    return masked_scores(q, k, mask).softmax(dim=-1)
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -101,12 +107,9 @@ def training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_
     """Eq. 1 for a CPU training step with short keys (where `unfused_training` says so): the
     products in the autocast dtype, the softmax computed in float32 (`_RowSoftmax`), aiayn's
     dropout on the weights. Shapes as `explicit_attention`; returns (B, h, T, d_v)."""
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (B, h, T, S)
     if is_causal and mask is None:
         mask = causal_mask(q.size(-2), q.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    w = dropout(_RowSoftmax.apply(scores), dropout_p, True)  # (B, h, T, S)
+    w = dropout(_RowSoftmax.apply(masked_scores(q, k, mask)), dropout_p, True)  # (B, h, T, S)
     return w @ v  # (B, h, T, d_v)
 
 
