@@ -11,8 +11,11 @@ import torch
 
 from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
 from aiayn.decoding.common import (
+    LOGPROB_ROWS,
     SOURCE_MULTIPLE,
     TOPK_BLOCK,
+    ban_early_eos,
+    best_next_tokens,
     decoder_length_cap,
     next_token_logprobs,
     row_topk,
@@ -211,13 +214,38 @@ def test_row_topk_among_equal_values_returns_their_values():
     assert all(len(set(row)) == 8 for row in cols.tolist())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_best_next_tokens_block_by_block_equal_the_whole_matrix(dtype):
+    # More rows than one block, a partial last block, EOS banned for some rows, a mask: the same
+    # values and ids as the log-probabilities of the whole matrix, masked, then torch's top-k
+    g = torch.Generator().manual_seed(3)
+    n, vocab, c = 2 * LOGPROB_ROWS + 37, 3000, 8
+    logits = (3 * torch.randn(n, vocab, generator=g)).to(dtype)
+    steps = torch.randint(1, 6, (n,), generator=g)
+    allowed = torch.rand(n, vocab, generator=g) > 0.3
+    values, tokens = best_next_tokens(logits, c, steps, 4, allowed)
+    whole = ban_early_eos(next_token_logprobs(logits), steps, 4).masked_fill(~allowed, float("-inf"))
+    want_values, want_tokens = whole.topk(c, dim=1)
+    assert values.dtype == torch.float32 and values.shape == (n, c)
+    assert torch.equal(values, want_values)
+    # bf16 logits tie often: among equal values the ids may differ, as `topk` leaves them
+    assert torch.equal(whole.gather(1, tokens), values)
+    assert all(len(set(row)) == c for row in tokens.tolist())
+    if dtype == torch.float32:
+        assert torch.equal(tokens, want_tokens)
+    assert torch.isinf(values[(steps < 4)[:, None] & (tokens == EOS_ID)]).all()
+    # without a mask or a minimum length, fewer rows than a block
+    values, tokens = best_next_tokens(logits[:5], c, steps[:5])
+    assert torch.equal(values, next_token_logprobs(logits[:5]).topk(c, dim=1).values)
+
+
 def test_beam_search_on_a_large_vocabulary_equals_plain_topk(monkeypatch):
     # Multi30k's vocabulary size: the search's top-k takes `row_topk`'s two rounds
     torch.manual_seed(5)
     model = Transformer(replace(MICRO, vocab_size=8000)).eval()
     src, mask = source_batch([[(37 * i + 11 * j) % 7990 + 4 for j in range(2 + i % 4)] for i in range(6)])
     fast = beam_search(model, src, mask, beam_size=4, nbest=4, max_len_b=6)
-    monkeypatch.setattr("aiayn.decoding.beam.row_topk", lambda x, k: x.topk(k, dim=1))
+    monkeypatch.setattr("aiayn.decoding.common.row_topk", lambda x, k: x.topk(k, dim=1))
     plain = beam_search(model, src, mask, beam_size=4, nbest=4, max_len_b=6)
     assert [summary(h) for h in fast] == [summary(h) for h in plain]
 

@@ -33,7 +33,7 @@ batch full this way), and `step` hands back each sentence the step it finishes. 
 sentences leave at once: their cache rows are dropped in the same `cache.reorder` that reorders
 the beams, so they cost nothing afterwards. `beam_search` is one batch that starts together.
 Log-softmax runs in float32 even under bf16 autocast, and raw scores are accumulated in
-float32; PAD and BOS are never generated (`common.next_token_logprobs`).
+float32; PAD and BOS are never generated (`common.best_next_tokens`).
 """
 
 from __future__ import annotations
@@ -51,15 +51,12 @@ from aiayn.decoding.common import (
     AttentionRequest,
     Hypothesis,
     StepConstraint,
-    apply_constraint,
-    ban_early_eos,
+    best_next_tokens,
     decoder_length_cap,
     decoding_defaults,
     length_penalty,
     max_output_lengths,
-    next_token_logprobs,
     resolve_mask,
-    row_topk,
 )
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -292,15 +289,16 @@ class BeamSearch:
             step_w = F.pad(step_w, (0, self.hist_w.size(4) - step_w.size(-1)))
         vocab = logits.size(-1)
         t_rows = self.t.repeat_interleave(k)  # (n k,) steps taken so far
-        logp = ban_early_eos(next_token_logprobs(logits), t_rows + 1, self.min_len)  # (n k, V) float32
-        logp = apply_constraint(logp, self.constraint, self.max_lens.repeat_interleave(k) - t_rows)
+        allowed = None
+        if self.constraint is not None:
+            allowed = self.constraint.allowed(self.max_lens.repeat_interleave(k) - t_rows)
         n_cand = min(2 * k, k * vocab)
         # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
         # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
         # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
         # (n, k * V), without adding raw to all V log-probs of every row.
         c = min(n_cand, vocab)
-        beam_lp, beam_tok = row_topk(logp, c)  # (n k, c)
+        beam_lp, beam_tok = best_next_tokens(logits, c, t_rows + 1, self.min_len, allowed)  # (n k, c)
         cand_raw = (self.raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
         top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
         top_beam = pos // c
