@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 def count(translator, lines: list[str]) -> dict:
     """Translate `lines` once with the search's step and the cache's reorder wrapped."""
-    import torch
+    import torch  # imported here, as in main: torch loads after `tune_memory`
 
     from aiayn.decoding import beam
     from aiayn.model import cache
