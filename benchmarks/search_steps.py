@@ -32,13 +32,13 @@ def count(translator, lines: list[str]) -> dict:
     from aiayn.decoding import beam
     from aiayn.model import cache
 
-    k = 1 if translator.options.greedy else translator.options.beam_size or translator.cfg.beam_size
     seen = {"sentences": [], "rows": 0, "reorder_rows": 0, "positions": 0, "new_parent": 0,
-            "shared_parent": 0}
+            "shared_parent": 0, "beam": None}
     step, reorder = beam.BeamSearch.step, cache.KVCache.reorder
 
     def counted_step(search):
         before = {} if search.t is None else dict(zip(search.keys, (search.t + 1).tolist()))
+        seen["beam"] = search.k  # the search's own width (1 for greedy), read by the reorder
         seen["rows"] += search.rows
         done = step(search)
         for key, hyps in done:
@@ -55,7 +55,7 @@ def count(translator, lines: list[str]) -> dict:
             seen["new_parent"] += int((index != torch.arange(n, device=index.device)).sum())
             # a beam whose parent another beam of its sentence also has: it needs a copy even
             # if every beam could take its parent's slot
-            parents = index.view(-1, k).sort(dim=1).values  # (sentences, k)
+            parents = index.view(-1, seen["beam"]).sort(dim=1).values  # (sentences, k)
             seen["shared_parent"] += int((parents[:, 1:] == parents[:, :-1]).sum())
         return reorder(kv, index, cross_index)
 
@@ -64,7 +64,6 @@ def count(translator, lines: list[str]) -> dict:
         translator.translate(lines)
     finally:
         beam.BeamSearch.step, cache.KVCache.reorder = step, reorder
-    seen["beam"] = k
     return seen
 
 
