@@ -10,7 +10,10 @@ Counting wraps `BeamSearch.step` and `KVCache.reorder` (the search itself is unc
 counted pass is not the timed one). "Steps after the answer" is a sentence's steps minus its
 best hypothesis' length (EOS counted): what the stopping rule spent confirming it. Every
 sentence holds `beam` rows at each of its steps, so rows decoded = beam x the steps summed
-(tests/test_bench_search_steps.py checks the counts against each other).
+(tests/test_bench_search_steps.py checks the counts against each other). Of those rows it
+counts the ones decoded for nothing (`_idle_rows`): dead (a sentence's first step, one prefix in
+`beam` rows) and, under the exact rule, hopeless (a beam whose own bound already loses to its
+sentence's finished answer): what skipping beams one by one, not only whole sentences, could save.
 """
 
 from __future__ import annotations
@@ -25,21 +28,32 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def count(translator, lines: list[str]) -> dict:
-    """Translate `lines` once with the search's step and the cache's reorder wrapped."""
+def count(translator, lines: list[str], nbest: int = 1, keep_hopeless: bool = False) -> dict:
+    """Search `lines` once (`nbest` hypotheses each, kept under "answers" in input order) with
+    the search's step and the cache's reorder wrapped. With `keep_hopeless`, also list each
+    hopeless row's hypothesis as (line index, its tokens so far) under "hopeless_prefixes" (the
+    test checks that none of them begins an answer)."""
     import torch  # imported here, as in main: torch loads after `tune_memory`
 
     from aiayn.decoding import beam
     from aiayn.model import cache
 
     seen = {"sentences": [], "rows": 0, "reorder_rows": 0, "positions": 0, "new_parent": 0,
-            "shared_parent": 0, "beam": None}
+            "shared_parent": 0, "beam": None, "dead": 0, "hopeless": 0, "hopeless_prefixes": []}
     step, reorder = beam.BeamSearch.step, cache.KVCache.reorder
 
     def counted_step(search):
         before = {} if search.t is None else dict(zip(search.keys, (search.t + 1).tolist()))
         seen["beam"] = search.k  # the search's own width (1 for greedy), read by the reorder
         seen["rows"] += search.rows
+        if search.sentences:
+            dead, hopeless = _idle_rows(search)
+            seen["dead"] += int(dead.sum())
+            seen["hopeless"] += int(hopeless.sum())
+            if keep_hopeless:
+                for i, j in hopeless.nonzero().tolist():
+                    prefix = search.hist_tok[i, j, : int(search.t[i])].tolist()
+                    seen["hopeless_prefixes"].append((search.keys[i], tuple(prefix)))
         done = step(search)
         for key, hyps in done:
             if key in before:
@@ -61,10 +75,32 @@ def count(translator, lines: list[str]) -> dict:
 
     beam.BeamSearch.step, cache.KVCache.reorder = counted_step, counted_reorder
     try:
-        translator.translate(lines)
+        seen["answers"] = translator.search(translator.prepare(lines), nbest)
     finally:
         beam.BeamSearch.step, cache.KVCache.reorder = step, reorder
     return seen
+
+
+def _idle_rows(search):
+    """The rows this step decodes for nothing, as (n, k) bool masks (dead, hopeless). Dead rows
+    hold no hypothesis (raw score -inf: a sentence's first step, whose k rows hold one prefix).
+    Hopeless rows, marked under the exact rule only, hold a beam whose bound raw / lp(L) (3. in
+    aiayn/decoding/beam.py's doc) is already no better than its sentence's nbest-th finished
+    score: neither it nor any continuation of it can enter the answer (a continuation's raw
+    score is no higher, over the same lp(L); a beam that would take its place ranks lower
+    still), so skipping such beams one by one, not only whole sentences, returns the same
+    answers (tried, not adopted: docs/experiments/decoding.md). Under `current` the divisor
+    grows with the step, so no beam is hopeless for good, and none are marked."""
+    import torch
+
+    raw = search.raw  # (n, k)
+    dead = ~torch.isfinite(raw)
+    if search.early_stop is not True and search.early_stop != "exact":
+        return dead, torch.zeros_like(dead)
+    pool, nbest = search.pool, search.nbest
+    enough = pool.complete.sum(dim=1) >= nbest  # (n,)
+    beaten = raw / search.bound_lp[:, None] <= pool.score[:, nbest - 1 : nbest]  # (n, k)
+    return dead, beaten & enough[:, None] & ~dead
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(e >= 10 for e in extra) / len(extra):.0%}; rows decoded {c['rows']:,}; at a "
               f"reorder {c['positions'] / max(c['reorder_rows'], 1):.1f} positions a row, "
               f"{c['new_parent'] / max(c['reorder_rows'], 1):.0%} of rows moved, "
-              f"{c['shared_parent'] / max(c['reorder_rows'], 1):.0%} sharing a parent")
+              f"{c['shared_parent'] / max(c['reorder_rows'], 1):.0%} sharing a parent; rows decoded "
+              f"for nothing: {c['dead']:,} dead (a first step's), {c['hopeless']:,} hopeless "
+              f"({(c['dead'] + c['hopeless']) / max(c['rows'], 1):.1%} of rows)")
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
