@@ -93,14 +93,12 @@ def _idle_rows(search):
     grows with the step, so no beam is hopeless for good, and none are marked."""
     import torch
 
-    raw = search.raw  # (n, k)
-    dead = ~torch.isfinite(raw)
-    if search.early_stop is not True and search.early_stop != "exact":
+    from aiayn.decoding.beam import cannot_win
+
+    dead = ~torch.isfinite(search.raw)  # (n, k)
+    if search.early_stop not in (True, "exact"):
         return dead, torch.zeros_like(dead)
-    pool, nbest = search.pool, search.nbest
-    enough = pool.complete.sum(dim=1) >= nbest  # (n,)
-    beaten = raw / search.bound_lp[:, None] <= pool.score[:, nbest - 1 : nbest]  # (n, k)
-    return dead, beaten & enough[:, None] & ~dead
+    return dead, cannot_win(search.raw, search.bound_lp, search.pool, search.nbest) & ~dead
 
 
 def main(argv: list[str] | None = None) -> int:

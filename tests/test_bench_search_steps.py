@@ -50,7 +50,6 @@ def test_counts_agree_and_leave_the_search_unchanged(model_dir):
     assert counted["exact"] >= counted["current"]  # the exact bound never stops sooner
 
 
-
 def test_no_hopeless_row_begins_an_answer(model_dir):
     """The rows counted hopeless under the exact rule are the ones a beam-by-beam bound could
     drop: none of their hypotheses begins a returned one (the n-best list included)."""

@@ -123,6 +123,15 @@ class _Pool:
                         for name in both._present()})
 
 
+def cannot_win(raw: Tensor, divisor: Tensor, pool: _Pool, nbest: int) -> Tensor:
+    """Early stopping's test (3. in the module doc), per beam: raw (n, c) live raw scores,
+    divisor (n,) their bound's length penalty, lp(L) or lp(t + 1) -> (n, c) bool, True where the
+    sentence has `nbest` finished hypotheses and the beam's bound raw / divisor is no better
+    than the nbest-th of them."""
+    enough = pool.complete.sum(dim=1) >= nbest  # (n,)
+    return enough[:, None] & (raw / divisor[:, None] <= pool.score[:, nbest - 1 : nbest])
+
+
 def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
     return F.pad(x, (0, width - x.size(-1)), value=value)
 
@@ -347,11 +356,10 @@ class BeamSearch:
 
         done = at_max | ~torch.isfinite(live_raw[:, 0])
         if self.early_stop:
-            enough = pool.complete.sum(dim=1) >= self.nbest
             divisor = (length_penalty((t + 1).to(torch.float32), self.alpha)
                        if self.early_stop == "current" else self.bound_lp)
-            best_possible = live_raw[:, 0] / divisor
-            done |= enough & (best_possible <= pool.score[:, self.nbest - 1])
+            # the bound grows with the raw score: the best live beam decides (3. above)
+            done |= cannot_win(live_raw[:, :1], divisor, pool, self.nbest)[:, 0]
         finished: list[tuple[Hashable, list[Hypothesis]]] = []
         cross = None
         keep = torch.arange(n, device=device)
