@@ -18,8 +18,18 @@ from aiayn.decoding.precision import auto_precision, convert, current, resolve
 from aiayn.decoding.translate import Translator
 from aiayn.model import Transformer
 from aiayn.model.build import build_model
-from aiayn.model.int8 import Int8Linear, activation_levels, cpu_flags, quantize_model, quantize_rows
+from aiayn.model.embedding import ScaledEmbedding
+from aiayn.model.int8 import (
+    RESCORED,
+    Int8Linear,
+    Int8Projection,
+    activation_levels,
+    cpu_flags,
+    quantize_model,
+    quantize_rows,
+)
 from aiayn.model.io import load_model
+from aiayn.model.layers import FeedForward
 from aiayn.special import BOS_ID, EOS_ID
 
 from helpers import MICRO, needs_int8, reverser_model_dir, run_cli
@@ -48,17 +58,21 @@ def test_quantize_rows_is_symmetric_per_row_and_within_half_a_step():
 
 
 @needs_int8
+@pytest.mark.parametrize("nonnegative", [False, True])
 @pytest.mark.parametrize("levels", LEVELS)
-def test_int8_linear_equals_an_integer_reference(levels):
-    # The reference: each row of x scaled by its max |x| and rounded to `levels` steps, each row
-    # of W to 127 steps of its own scale, the integer products summed exactly (float64), then
-    # scaled back and the bias added.
+def test_int8_linear_equals_an_integer_reference(levels, nonnegative):
+    # The reference: each row of x scaled by its max |x| and rounded to `levels` steps (2 levels
+    # from 0 for a ReLU's output), each row of W to 127 steps of its own scale, the integer
+    # products summed exactly (float64), then scaled back and the bias added.
     x, w, b = rows(12, 40, 0), torch.randn(24, 40), torch.randn(24)
-    layer = Int8Linear(*quantize_rows(w), b, levels)
+    steps = levels
+    if nonnegative:
+        x, steps = x.relu(), 2 * levels
+    layer = Int8Linear(*quantize_rows(w), b, levels, nonnegative=nonnegative)
     qw, sw = quantize_rows(w)
     s = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp(min=1e-38)
-    qx = torch.round(x / s * levels)
-    ref = (qx.double() @ qw.double().T) * (s.double() / levels) * sw.double() + b.double()
+    qx = torch.round(x / s * steps)
+    ref = (qx.double() @ qw.double().T) * (s.double() / steps) * sw.double() + b.double()
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (12, 24)
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
@@ -79,6 +93,14 @@ def test_int8_linear_error_is_within_the_quantization_bound(levels):
     err = (layer(x) - x @ w.T).abs()
     assert (err <= bound * (1 + 1e-4) + 1e-6).all()
     assert err.max() > 0  # it did quantize
+    # A ReLU's output takes twice the steps: |dx| <= max|x| / (4 levels), and the error falls
+    x = x.relu()
+    nonneg = Int8Linear(*quantize_rows(w), None, levels, nonnegative=True)
+    bound = x.abs() @ dw.T + (dx / 2) @ w.abs().T + (dx / 2) @ dw.T
+    err_nonneg = (nonneg(x) - x @ w.T).abs()
+    assert (err_nonneg <= bound * (1 + 1e-4) + 1e-6).all()
+    assert err_nonneg.mean() < (layer(x) - x @ w.T).abs().mean()
+    assert "nonnegative=True" in repr(nonneg)
 
 
 @needs_int8
@@ -89,6 +111,49 @@ def test_int8_linear_row_does_not_depend_on_its_batch():
     for i in range(10):
         assert torch.equal(layer(x[i : i + 1])[0], together[i])
     assert torch.equal(layer(x.flip(0)).flip(0), together)
+
+
+@needs_int8
+@pytest.mark.parametrize("levels", LEVELS)
+def test_int8_projection_rescores_each_rows_best_logits_in_fp32(levels):
+    # Each row's RESCORED largest int8 logits are replaced by their fp32 values; the others are
+    # the int8 product's. Rows do not mix. Where fp32's best token is among int8's RESCORED
+    # best, the argmax is fp32's.
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(300, 24, generator=g) * 0.3
+    y = torch.randn(2, 7, 24, generator=g)
+    proj = Int8Projection(w, levels)
+    plain = Int8Linear(*quantize_rows(w), None, levels)
+    got = proj(y).view(14, 300)
+    int8, fp32 = plain(y).view(14, 300), (y @ w.T).view(14, 300)
+    top = int8.topk(RESCORED, dim=1).indices  # (14, RESCORED)
+    rescored = torch.zeros_like(got, dtype=torch.bool).scatter_(1, top, True)
+    torch.testing.assert_close(got[rescored], fp32[rescored], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[~rescored], int8[~rescored])
+    assert (int8[rescored] != fp32[rescored]).any()  # the rescoring changed something
+    assert torch.equal(got.argmax(1), fp32.argmax(1))
+    for i in range(14):  # the same row alone
+        assert torch.equal(proj(y.view(14, 24)[i : i + 1])[0], got[i])
+    assert proj.weight is w  # the float32 matrix is shared, not copied
+
+
+@needs_int8
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "tgt_vocab_size": 30},
+                                       {"tie_embeddings": False, "tie_output": False}])
+def test_quantize_model_keeps_lookups_fp32_and_marks_relu_inputs(overrides):
+    model = micro(**overrides)
+    untied = model.out_proj.weight if model.out_proj is not None else None
+    int8 = quantize_model(model, 63)
+    assert isinstance(int8.out_proj, Int8Projection)
+    expected = untied if untied is not None else int8.target_embedding.weight
+    assert int8.out_proj.weight.data_ptr() == expected.data_ptr()  # one float32 copy
+    assert isinstance(int8.src_embed, ScaledEmbedding)
+    assert int8.src_embed.weight.dtype == torch.float32
+    ffns = [m for m in int8.modules() if isinstance(m, FeedForward)]
+    assert len(ffns) == 4 and all(f.w2.nonnegative and not f.w1.nonnegative for f in ffns)
+    others = [m for m in int8.modules() if isinstance(m, Int8Linear)
+              and all(m is not f.w2 for f in ffns)]
+    assert others and not any(m.nonnegative for m in others)
 
 
 def micro(seed: int = 0, **overrides) -> Transformer:

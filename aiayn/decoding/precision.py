@@ -5,11 +5,12 @@
   32: `RowPaddedLinear`); log-softmax and beam scores stay float32. Fast only where the CPU
   multiplies bf16 natively (AVX512-BF16, AMX) or on a GPU; emulated, and slow, on an AVX2-only
   CPU.
-- int8: int8 weights and per-row int8 activations in every linear layer and the tied embedding
-  (`aiayn.model.int8`), as CTranslate2's int8 on CPU; x86 CPUs with AVX2 or newer, the
-  Transformer only (the RNN baseline is refused). Not the paper's arithmetic, so never the
-  default: outputs may differ from fp32's where two hypotheses score within the quantization
-  error (tests/test_decoding_int8.py states the tolerance).
+- int8: int8 weights and per-row int8 activations in every linear layer and the pre-softmax
+  projection, as CTranslate2's int8 on CPU, plus two refinements (`aiayn.model.int8`): a ReLU's
+  output gets twice the steps and each row's best logits are recomputed in float32; x86 CPUs
+  with AVX2 or newer, the Transformer only (the RNN baseline is refused). Not the paper's
+  arithmetic, so never the default: outputs may differ from fp32's where two hypotheses score
+  within the quantization error (tests/test_decoding_int8.py states the tolerance).
 - auto (the CLI's default): what it means for every command, `aiayn.precision.auto_precision`:
   bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), faster than fp32 in the peer
   harness and end to end on both such kinds measured (Xeon with AMX, EPYC Zen 4; int8 is faster

@@ -29,20 +29,32 @@ above 32767. With activations in [0, 127] (zero point 64) a pair stays below 2 *
 exact; with [0, 255] it could overflow. CPUs with AVX512-VNNI accumulate in int32 (`vpdpbusd`),
 and there 127 levels are exact (`activation_levels`).
 
-Embeddings. The tied matrix (source and target embeddings, output projection, §3.4) is quantized
-once: the output projection is an `Int8Linear` over it, and the lookups read the same int8 rows and
-scales (`Int8Embedding`), kept unpacked beside fbgemm's packed copy (V * d_model bytes).
+Non-negative inputs. The feed-forward network's second product reads max(0, x W1 + b1) (§3.3,
+Eq. 2), never below zero: there x / max|x| lies in [0, 1] and takes all 2 * levels + 1 unsigned
+steps, zero point 0 (`Int8Linear(nonnegative=True)`), one bit more than a signed row gets. The
+pair sums stay exact: 2 * 126 * 127 < 32767 on AVX2, 254 * 127 in int32 with VNNI.
+
+The pre-softmax projection (§3.4) is the one product whose few largest outputs decide the
+search: `Int8Projection` computes every logit in int8, then recomputes each row's `RESCORED`
+largest in float32 from the unquantized matrix (the candidates the beam picks among). With the
+ReLU rows' extra bit, that moves the model's most likely next token on a fifth to a quarter fewer
+reference positions than int8 everywhere, about as often as bf16 does
+(`benchmarks/precision_fidelity.py`, docs/experiments/decoding.md). The embedding lookups read
+that float32 matrix too: a lookup is a copy with no arithmetic to save, and an int8 copy of the
+table would add its own error (the float32 matrix costs 3 bytes a weight more than int8's).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from aiayn.decoding.common import row_topk
+from aiayn.model.layers import FeedForward
 
 WEIGHT_LEVELS = 127  # int8 weights: [-127, 127], symmetric
 
@@ -112,46 +124,75 @@ def row_absmax(x: Tensor) -> Tensor:
 
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 per output row and x quantized per row (module doc).
-    x: (..., K) float32 -> (..., N) float32. The bias stays float32."""
+    x: (..., K) float32 -> (..., N) float32. The bias stays float32. `nonnegative`: the caller
+    guarantees x >= 0 (a ReLU's output), which then gets twice the steps (module doc)."""
 
-    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, levels: int):
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, levels: int,
+                 nonnegative: bool = False):
         super().__init__()
         self.in_features, self.out_features = q.size(1), q.size(0)
         self.levels = levels
+        self.nonnegative = nonnegative
+        if nonnegative:  # x / s in [0, 1] onto [0, 2 * levels]
+            self._step, self._zero = 1.0 / (2 * levels), 0
+        else:  # x / s in [-1, 1] onto [1, 2 * levels + 1]
+            self._step, self._zero = 1.0 / levels, levels + 1
         self._packed = _pack(q, scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, levels: int) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, levels: int, nonnegative: bool = False
+                    ) -> "Int8Linear":
         q, scale = quantize_rows(linear.weight)
-        return cls(q, scale, linear.bias, levels)
+        return cls(q, scale, linear.bias, levels, nonnegative)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
         s = row_absmax(x)  # (..., 1)
-        # x / s is in [-1, 1]: zero point levels + 1 maps it into [1, 2 * levels + 1]
         y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x / s, 1.0 / self.levels, self.levels + 1, self._packed)  # (..., N)
+            x / s, self._step, self._zero, self._packed)  # (..., N)
         if self.bias is None:
             return y.mul_(s)
         return torch.addcmul(self.bias, y, s, out=y)  # y * s + b in one pass over y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activation levels={self.levels}")
+                f"bias={self.bias is not None}, activation levels={self.levels}, "
+                f"nonnegative={self.nonnegative}")
 
 
-class Int8Embedding(nn.Module):
-    """Embedding lookup from int8 rows with per-row scales, times sqrt(d_model) (§3.4): what
-    `ScaledEmbedding` computes, from the quantized matrix. ids (B, T) -> (B, T, d_model) float32."""
+# Each row's logits recomputed in float32 by `Int8Projection`: a beam of k takes each step's
+# candidates from every row's 2k best tokens (aiayn/decoding/beam.py), 8 for the paper's k = 4;
+# greedy search reads the first.
+RESCORED = 8
 
-    def __init__(self, q: Tensor, scale: Tensor):
+
+class Int8Projection(nn.Module):
+    """The pre-softmax projection (§3.4) for int8 decoding, logits = y W^T without bias: every
+    logit from the int8 product (`Int8Linear`), then each row's `top` largest recomputed in
+    float32 from `weight` (module doc). y: (..., d_model) -> (..., V) float32. Rows do not mix:
+    a row's logits are the same in any batch.
+
+    `weight` (V, d_model) is kept as given, not copied: the tied embedding matrix, which the
+    lookups keep reading in float32."""
+
+    def __init__(self, weight: Tensor, levels: int, top: int = RESCORED):
         super().__init__()
-        self.register_buffer("q", q)  # (V, d_model) int8
-        self.register_buffer("scale", scale * math.sqrt(q.size(1)))  # (V,) sqrt(d_model) folded in
+        self.int8 = Int8Linear(*quantize_rows(weight), None, levels)
+        self.weight = weight  # shared with the embedding (a parameter there), not a buffer here
+        self.top = min(top, weight.size(0))
 
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.q[ids].float() * self.scale[ids].unsqueeze(-1)  # (B, T, d_model)
+    def forward(self, y: Tensor) -> Tensor:
+        z = self.int8(y)  # (..., V)
+        flat = z.view(-1, z.size(-1))  # (N, V)
+        x = y.reshape(-1, y.size(-1)).float()  # (N, d)
+        _, cols = row_topk(flat, self.top)  # (N, top)
+        exact = torch.bmm(self.weight[cols], x.unsqueeze(-1)).squeeze(-1)  # (N, top)
+        flat.scatter_(1, cols, exact)
+        return z
+
+    def extra_repr(self) -> str:
+        return f"vocabulary={self.weight.size(0)}, rescored={self.top}"
 
 
 def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
@@ -164,24 +205,19 @@ def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -
             replace_linears(child, make)
 
 
-def quantize_model(model: nn.Module, levels: int, embeddings: bool = True) -> nn.Module:
+def quantize_model(model: nn.Module, levels: int) -> nn.Module:
     """Convert a `Transformer` for int8 decoding, in place, and return it: every linear layer
-    becomes an `Int8Linear`; with `embeddings`, the embedding matrices too (the tied one shared by
-    the lookups and the output projection). LayerNorm and learned positions stay float32. The
-    float32 weights are released as each module is replaced (unless referenced elsewhere).
-    The result decodes only (no training, no state_dict round trip)."""
+    becomes an `Int8Linear` (the feed-forward network's second one `nonnegative`) and the
+    pre-softmax projection an `Int8Projection`; the embedding lookups, LayerNorm and learned
+    positions stay float32. The float32 weights of the replaced layers are released (unless
+    referenced elsewhere). The result decodes only (no training, no state_dict round trip)."""
     model.eval()
+    untied = model.out_proj  # an nn.Linear when the projection has its own matrix, else None
+    weight = model.target_embedding.weight if untied is None else untied.weight
+    model.out_proj = Int8Projection(weight.detach(), levels)
+    for ffn in model.modules():
+        if isinstance(ffn, FeedForward):  # w2 reads ReLU's output (§3.3, Eq. 2)
+            ffn.w2 = Int8Linear.from_linear(ffn.w2, levels, nonnegative=True)
     replace_linears(model, lambda linear: Int8Linear.from_linear(linear, levels))
-    if embeddings:
-        tied_output = model.out_proj is None
-        q, scale = quantize_rows(model.src_embed.weight)
-        model.src_embed = Int8Embedding(q, scale)
-        if model.tgt_embed is not None:
-            tq, tscale = quantize_rows(model.tgt_embed.weight)
-            model.tgt_embed = Int8Embedding(tq, tscale)
-        else:
-            tq, tscale = q, scale
-        if tied_output:  # the pre-softmax projection reads the target embedding matrix (§3.4)
-            model.out_proj = Int8Linear(tq, tscale, None, levels)
     model.decode_precision = "int8"
     return model
