@@ -1,6 +1,8 @@
 """Int8 decoding (aiayn/model/int8.py, aiayn/decoding/precision.py): the int8 product against an
-integer reference written here and against the fp32 product within the quantization error bound,
-a row's result independent of its batch, the int8 model against the fp32 model it came from
+integer reference written here and against the fp32 product within the quantization error bound
+(a ReLU's output, with twice the steps, within half of it), a row's result independent of its
+batch, the projection's rescored logits equal to fp32's, the int8 model against the fp32 model it
+came from
 (log-probabilities within 0.04 nats on average; on a trained model, greedy outputs equal wherever
 fp32's margins exceed twice int8's error, beam outputs within 0.05 nats per token of fp32's score),
 the CLI's options and its one-line errors."""

@@ -12,7 +12,8 @@ them in the torch this project pins, and tests/test_decoding_int8.py fails where
 Weights. Every linear layer's W (N, K) becomes int8 with one float32 scale per output row,
 symmetric (W ~ Q diag(scale), Q in [-127, 127]), packed once, at conversion, into fbgemm's blocked
 layout (`torch.ops.quantized.linear_prepack`). A product then streams a quarter of the fp32 bytes
-and runs on integer multiply-adds; no fp32 copy of the weight is kept.
+and runs on integer multiply-adds; no fp32 copy of the weight is kept (the pre-softmax
+projection's excepted, below).
 
 Activations are quantized at each call, one scale per row (a row is one position of one
 hypothesis): x_i / max|x_i| lies in [-1, 1] and is rounded to `levels` steps either side of zero
@@ -39,9 +40,9 @@ search: `Int8Projection` computes every logit in int8, then recomputes each row'
 largest in float32 from the unquantized matrix (the candidates the beam picks among). With the
 ReLU rows' extra bit, that moves the model's most likely next token on a fifth to a quarter fewer
 reference positions than int8 everywhere, about as often as bf16 does
-(`benchmarks/precision_fidelity.py`, docs/experiments/decoding.md). The embedding lookups read
-that float32 matrix too: a lookup is a copy with no arithmetic to save, and an int8 copy of the
-table would add its own error (the float32 matrix costs 3 bytes a weight more than int8's).
+(`benchmarks/precision_fidelity.py`, docs/experiments/decoding.md). The embedding lookups stay
+float32 (a tied model's read that same matrix): a lookup is a copy with no arithmetic to save,
+and an int8 copy of the table would add its own error (float32 costs 3 bytes a weight more).
 """
 
 from __future__ import annotations
@@ -173,13 +174,13 @@ class Int8Projection(nn.Module):
     float32 from `weight` (module doc). y: (..., d_model) -> (..., V) float32. Rows do not mix:
     a row's logits are the same in any batch.
 
-    `weight` (V, d_model) is kept as given, not copied: the tied embedding matrix, which the
-    lookups keep reading in float32."""
+    `weight` (V, d_model) is kept as given, not copied: in a tied model (§3.4) the embedding
+    matrix, which the lookups keep reading in float32."""
 
     def __init__(self, weight: Tensor, levels: int, top: int = RESCORED):
         super().__init__()
         self.int8 = Int8Linear(*quantize_rows(weight), None, levels)
-        self.weight = weight  # shared with the embedding (a parameter there), not a buffer here
+        self.weight = weight  # shared with a tied embedding, so not registered here
         self.top = min(top, weight.size(0))
 
     def forward(self, y: Tensor) -> Tensor:
