@@ -17,8 +17,10 @@ and no luck in them; they rank arithmetics that sacreBLEU cannot tell apart.
 
 Each row is its own process (`--child`), importing the aiayn of its checkout (this one, and with
 `--baseline DIR` another, e.g. a `git worktree` of an earlier commit): before and after a change
-in one run. Sentences go through in batches of `--batch` (sorted by length), at 2 threads unless
-`--threads` says otherwise; the figures do not depend on either (rows do not mix).
+in one run. `--int8-levels 63` measures int8 as an AVX2 CPU computes it (63 activation levels,
+aiayn/model/int8.py) on a CPU that would take 127. Sentences go through in batches of `--batch`
+(sorted by length), at 2 threads unless `--threads` says otherwise; the figures do not depend on
+either (rows do not mix).
 """
 
 from __future__ import annotations
@@ -94,11 +96,18 @@ def child(a: argparse.Namespace) -> int:
     loaded, data = batches(a.model, a.src, a.ref, a.limit, a.batch)
     ref = log_probs(loaded.model.eval(), data)
     precision = resolve(a.child, "cpu")
-    got = log_probs(convert(load_model(a.model).model.eval(), precision), data)
+    model = load_model(a.model).model.eval()
+    if precision == "int8" and a.int8_levels:
+        from aiayn.model.int8 import quantize_model
+
+        model = quantize_model(model, a.int8_levels)
+    got = log_probs(convert(model, precision), data)
     kl = n = moved = 0
     for r, g, (_, _, _, keep) in zip(ref, got, data):
         k, c, m = divergence(r, g, keep)
         kl, n, moved = kl + k, n + c, moved + m
+    if precision == "int8" and a.int8_levels:
+        precision = f"int8, {a.int8_levels} levels"
     print(json.dumps({"precision": precision, "positions": n, "kl_mnats": 1000 * kl / n,
                       "argmax_moved_pct": 100 * moved / n}))
     return 0
@@ -114,6 +123,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=None, help="the first N pairs only")
     p.add_argument("--batch", type=int, default=50)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--int8-levels", type=int, choices=[63, 127],
+                   help="int8 rows with this many activation levels instead of this CPU's (63 is "
+                        "what an AVX2 CPU runs; the integer sums are exact on either)")
     p.add_argument("--baseline", type=Path, metavar="DIR",
                    help="measure again with the aiayn of checkout DIR (rows 'baseline: ...')")
     p.add_argument("--out", type=Path, help="write the rows as JSON here (refuses to overwrite)")
@@ -129,13 +141,15 @@ def main() -> int:
             cmd = [sys.executable, str(HERE / "precision_fidelity.py"), "--child", precision,
                    "--model", a.model, "--src", a.src, "--ref", a.ref, "--batch", str(a.batch),
                    "--threads", str(a.threads)] + (["--limit", str(a.limit)] if a.limit else [])
+            if a.int8_levels:
+                cmd += ["--int8-levels", str(a.int8_levels)]
             env = dict(os.environ, PYTHONPATH=str(repo), PYTHONWARNINGS="ignore")
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 tail = done.stderr.strip().splitlines()
                 raise SystemExit(f"{prefix}{precision}: {tail[-1] if tail else 'failed'}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
-            row["system"] = f"{prefix}{precision}"
+            row["system"] = f"{prefix}{row['precision']}"
             rows.append(row)
             print(f"{row['system']:24s} KL {row['kl_mnats']:7.3f} mnats/position   argmax moved "
                   f"{row['argmax_moved_pct']:6.3f}% of {row['positions']:,} positions", flush=True)

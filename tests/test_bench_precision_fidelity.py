@@ -18,6 +18,8 @@ sys.path.insert(0, str(BENCH))
 import bleu_noise  # noqa: E402
 import precision_fidelity  # noqa: E402
 
+from aiayn.model.int8 import activation_levels, cpu_flags  # noqa: E402
+
 from helpers import TEXTS, needs_int8  # noqa: E402
 
 
@@ -76,6 +78,13 @@ def test_fidelity_rows_fp32_measures_nothing_int8_something(model_dir, tmp_path)
     assert rows["int8"]["positions"] == rows["fp32"]["positions"] > 6  # every target token
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode != 0 and "exists" in again.stderr  # never overwrites
+    # int8 as an AVX2 CPU computes it: 63 levels, coarser than 127 where this CPU has VNNI
+    out63 = tmp_path / "f63.json"
+    subprocess.run(cmd[:-1] + [str(out63), "--int8-levels", "63"], check=True, capture_output=True)
+    rows63 = {r["system"]: r for r in json.loads(out63.read_text())["rows"]}
+    assert set(rows63) == {"fp32", "int8, 63 levels"} and rows63["int8, 63 levels"]["kl_mnats"] > 0
+    if activation_levels(cpu_flags()) == 127:
+        assert rows63["int8, 63 levels"]["kl_mnats"] > rows["int8"]["kl_mnats"]
 
 
 def test_noise_of_size_zero_moves_no_bleu(model_dir, tmp_path):
