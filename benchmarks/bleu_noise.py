@@ -70,8 +70,15 @@ def main() -> int:
     from aiayn.model.io import load_model
 
     torch.set_num_threads(a.threads)
-    data = [(Path(s).read_text(encoding="utf-8").splitlines(),
-             Path(r).read_text(encoding="utf-8").splitlines(), Path(s).name) for s, r in a.pairs]
+    data = []
+    for s, r in a.pairs:
+        missing = [f for f in (s, r) if not Path(f).is_file()]
+        if missing:
+            raise SystemExit(f"{missing[0]}: no such file")
+        src, ref = (Path(f).read_text(encoding="utf-8").splitlines() for f in (s, r))
+        if len(src) != len(ref):
+            raise SystemExit(f"{s} has {len(src)} lines but {r} has {len(ref)}")
+        data.append((src, ref, Path(s).name))
 
     def scores(loaded) -> dict[str, float]:
         out = {}
@@ -81,7 +88,12 @@ def main() -> int:
                 out[f"{rule} {name}"] = sacre_bleu(tr.translate(src), ref).score
         return out
 
-    base = scores(load_model(a.model))
+    from aiayn.errors import UserError
+
+    try:
+        base = scores(load_model(a.model))
+    except UserError as e:
+        raise SystemExit(str(e)) from None
     deltas: dict[str, list[float]] = {k: [] for k in base}
     for seed in range(1, a.seeds + 1):
         loaded = load_model(a.model)

@@ -90,10 +90,16 @@ def child(a: argparse.Namespace) -> int:
     import torch
 
     from aiayn.decoding.precision import convert, resolve
+    from aiayn.errors import UserError
     from aiayn.model.io import load_model
 
     torch.set_num_threads(a.threads)
-    loaded, data = batches(a.model, a.src, a.ref, a.limit, a.batch)
+    try:
+        loaded, data = batches(a.model, a.src, a.ref, a.limit, a.batch)
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+    except OSError as e:
+        raise SystemExit(f"{e.filename}: {e.strerror}") from None
     ref = log_probs(loaded.model.eval(), data)
     precision = resolve(a.child, "cpu")
     model = load_model(a.model).model.eval()
