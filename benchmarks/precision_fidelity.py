@@ -49,32 +49,21 @@ def divergence(ref_logp, got_logp, keep) -> tuple[float, int, int]:
 
 
 def batches(model_dir: str, src: str, ref: str, limit: int | None, batch: int):
-    """(loaded fp32 model, [(src (B, S), src_mask, tgt_in (B, T), keep (B, T))]): the pairs
-    tokenized as the model's tokenizers do, sorted by source length, `batch` at a time."""
-    import torch
-
-    from aiayn.data.batching import pad_rows
-    from aiayn.decoding.common import source_batch
+    """(loaded fp32 model, [Batch]): the pairs tokenized as the model's tokenizers do, in batches
+    of up to `batch` pairs of similar length (`length_batches`, `collate`: what evaluation uses)."""
+    from aiayn.data.batching import collate, length_batches
     from aiayn.model.io import load_model
-    from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
     loaded = load_model(model_dir)
     srcs = Path(src).read_text(encoding="utf-8").splitlines()[:limit]
     refs = Path(ref).read_text(encoding="utf-8").splitlines()[:limit]
     if len(srcs) != len(refs):
         raise SystemExit(f"{src} has {len(srcs)} lines but {ref} has {len(refs)}")
-    s_ids = [loaded.src_tokenizer.encode(t) for t in srcs]
-    t_ids = [loaded.tgt_tokenizer.encode(t) for t in refs]
-    order = sorted(range(len(s_ids)), key=lambda i: len(s_ids[i]))
-    out = []
-    for start in range(0, len(order), batch):
-        group = order[start:start + batch]
-        s, mask = source_batch([s_ids[i] for i in group])
-        rows, _ = pad_rows([[BOS_ID, *t_ids[i], EOS_ID] for i in group], extra=0)  # (B, T + 1)
-        rows = torch.from_numpy(rows)
-        tgt_in, tgt_out = rows[:, :-1], rows[:, 1:]  # (B, T): BOS + pieces, pieces + EOS
-        out.append((s, mask, tgt_in, tgt_out != PAD_ID))
-    return loaded, out
+    pairs = list(zip(loaded.src_tokenizer.encode_batch(srcs),
+                     loaded.tgt_tokenizer.encode_batch(refs)))
+    groups = length_batches([len(p[0]) for p in pairs], 1 << 30, [len(p[1]) for p in pairs],
+                            max_sentences=batch)
+    return loaded, [collate(pairs, g) for g in groups]
 
 
 def log_probs(model, data) -> list:
@@ -82,7 +71,7 @@ def log_probs(model, data) -> list:
     import torch
 
     with torch.inference_mode():
-        return [model(s, tgt_in, mask).float().log_softmax(-1) for s, mask, tgt_in, _ in data]
+        return [model(b.src, b.tgt_in).float().log_softmax(-1) for b in data]
 
 
 def child(a: argparse.Namespace) -> int:
@@ -92,6 +81,7 @@ def child(a: argparse.Namespace) -> int:
     from aiayn.decoding.precision import convert, resolve
     from aiayn.errors import UserError
     from aiayn.model.io import load_model
+    from aiayn.special import PAD_ID
 
     torch.set_num_threads(a.threads)
     try:
@@ -109,8 +99,8 @@ def child(a: argparse.Namespace) -> int:
         model = quantize_model(model, a.int8_levels)
     got = log_probs(convert(model, precision), data)
     kl = n = moved = 0
-    for r, g, (_, _, _, keep) in zip(ref, got, data):
-        k, c, m = divergence(r, g, keep)
+    for r, g, b in zip(ref, got, data):
+        k, c, m = divergence(r, g, b.tgt_out != PAD_ID)
         kl, n, moved = kl + k, n + c, moved + m
     if precision == "int8" and a.int8_levels:
         precision = f"int8, {a.int8_levels} levels"

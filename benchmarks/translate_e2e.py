@@ -25,8 +25,8 @@ rule, allocator). `--baseline DIR` runs every aiayn row again with the aiayn of 
 (a `git worktree` of an earlier commit), right after its own: a change's before and after, on
 the same machine in one run. Each row runs `--reps` times, in rounds (every row once, then every
 row again, so a slow phase of a shared host falls on all rows alike); the fastest time, every
-time (`all_seconds`) and the largest RSS are reported; the translations are scored with sacreBLEU (aiayn.evaluation.sacre). The quality
-bound of int8 decoding is checked here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the
+time (`all_seconds`) and the largest RSS are reported; the translations are scored with
+sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the
 same model.
 """
 
@@ -186,8 +186,8 @@ def main() -> int:
     py = sys.executable
     plan: list[tuple[str, list[str], Path, dict[str, str] | None, Path]] = []
 
-    def run(name: str, cmd: list[str], hyp: Path, env: dict[str, str] | None = None,
-            repo: Path = REPO) -> None:
+    def add_row(name: str, cmd: list[str], hyp: Path, env: dict[str, str] | None = None,
+                repo: Path = REPO) -> None:
         plan.append((name, cmd, hyp, env, repo))
 
     for prec in a.precisions:
@@ -201,7 +201,7 @@ def main() -> int:
             for repo, prefix in [(REPO, "")] + ([(a.baseline.resolve(), "baseline: ")]
                                                 if a.baseline else []):
                 hyp = a.out / f"{prefix[:8]}aiayn-{prec}{'-' + tag if tag else ''}.hyp"
-                run(prefix + name,
+                add_row(prefix + name,
                     [py, "-m", "aiayn", "translate", "--model", str(Path(a.model).resolve()),
                      "--input", str(Path(a.src).resolve()), "--output", str(hyp.resolve()),
                      "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
@@ -214,7 +214,7 @@ def main() -> int:
                             stored, "--model", a.model, "--out", str(export)], check=True, cwd=REPO,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         hyp = a.out / f"ct2-{ct}.hyp"
-        run(f"CTranslate2 {ct} (Python)",
+        add_row(f"CTranslate2 {ct} (Python)",
             [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
              "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch),
              "--ct2-cap", *map(str, output_cap(Path(a.model)))],
@@ -226,7 +226,7 @@ def main() -> int:
                             "--out", str(export)], check=True, cwd=REPO,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         hyp = a.out / "onnx.hyp"
-        run("ONNX fp32, onnxruntime (Python)",
+        add_row("ONNX fp32, onnxruntime (Python)",
             [py, __file__, "--onnx-child", str(export), a.src, str(hyp), "--threads", str(a.threads)],
             hyp)
 
