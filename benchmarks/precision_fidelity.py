@@ -94,9 +94,9 @@ def child(a: argparse.Namespace) -> int:
     precision = resolve(a.child, "cpu")
     model = load_model(a.model).model.eval()
     if precision == "int8" and a.int8_levels:
-        from aiayn.model.int8 import quantize_model
+        from aiayn.model.int8 import cpu_flags, projection_kernel, quantize_model
 
-        model = quantize_model(model, a.int8_levels)
+        model = quantize_model(model, a.int8_levels, projection_kernel(cpu_flags()))
     got = log_probs(convert(model, precision), data)
     kl = n = moved = 0
     for r, g, b in zip(ref, got, data):

@@ -27,6 +27,8 @@ from aiayn.model.int8 import (
     Int8Projection,
     activation_levels,
     cpu_flags,
+    onednn_int8_supported,
+    projection_kernel,
     quantize_model,
     quantize_rows,
 )
@@ -40,6 +42,9 @@ from helpers import MICRO, needs_int8, reverser_model_dir, run_cli
 # its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/model/int8.py)
 LEVELS = (63, pytest.param(127, marks=pytest.mark.skipif(
     activation_levels(cpu_flags()) != 127, reason="127 levels need AVX512-VNNI")))
+# fbgemm's fused op and oneDNN's matmul: the same integer sums (aiayn/model/int8.py)
+KERNELS = ("fbgemm", pytest.param("onednn", marks=pytest.mark.skipif(
+    not onednn_int8_supported(), reason="needs oneDNN's int8 matmul in this torch")))
 
 
 def rows(m: int, k: int, seed: int) -> torch.Tensor:
@@ -60,9 +65,10 @@ def test_quantize_rows_is_symmetric_per_row_and_within_half_a_step():
 
 
 @needs_int8
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("nonnegative", [False, True])
 @pytest.mark.parametrize("levels", LEVELS)
-def test_int8_linear_equals_an_integer_reference(levels, nonnegative):
+def test_int8_linear_equals_an_integer_reference(levels, nonnegative, kernel):
     # The reference: each row of x scaled by its max |x| and rounded to `levels` steps (2 levels
     # from 0 for a ReLU's output), each row of W to 127 steps of its own scale, the integer
     # products summed exactly (float64), then scaled back and the bias added.
@@ -70,7 +76,7 @@ def test_int8_linear_equals_an_integer_reference(levels, nonnegative):
     steps = levels
     if nonnegative:
         x, steps = x.relu(), 2 * levels
-    layer = Int8Linear(*quantize_rows(w), b, levels, nonnegative=nonnegative)
+    layer = Int8Linear(*quantize_rows(w), b, levels, nonnegative=nonnegative, kernel=kernel)
     qw, sw = quantize_rows(w)
     s = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp(min=1e-38)
     qx = torch.round(x / s * steps)
@@ -82,12 +88,13 @@ def test_int8_linear_equals_an_integer_reference(levels, nonnegative):
 
 
 @needs_int8
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("levels", LEVELS)
-def test_int8_linear_error_is_within_the_quantization_bound(levels):
+def test_int8_linear_error_is_within_the_quantization_bound(levels, kernel):
     # |x.w - x'.w'| <= sum |x||dw| + |w||dx| + |dx||dw| with |dw| <= scale_w / 2 and
     # |dx| <= max|x| / (2 levels): the product is what int8 arithmetic promises, no worse.
     x, w = rows(16, 64, 1), torch.randn(32, 64) * 0.05
-    layer = Int8Linear(*quantize_rows(w), None, levels)
+    layer = Int8Linear(*quantize_rows(w), None, levels, kernel=kernel)
     _, sw = quantize_rows(w)
     dw = (sw / 2)[:, None].expand_as(w)  # (N, K)
     dx = (x.abs().amax(dim=1, keepdim=True) / (2 * levels)).expand_as(x)  # (M, K)
@@ -97,7 +104,7 @@ def test_int8_linear_error_is_within_the_quantization_bound(levels):
     assert err.max() > 0  # it did quantize
     # A ReLU's output takes twice the steps: |dx| <= max|x| / (4 levels), and the error falls
     x = x.relu()
-    nonneg = Int8Linear(*quantize_rows(w), None, levels, nonnegative=True)
+    nonneg = Int8Linear(*quantize_rows(w), None, levels, nonnegative=True, kernel=kernel)
     bound = x.abs() @ dw.T + (dx / 2) @ w.abs().T + (dx / 2) @ dw.T
     err_nonneg = (nonneg(x) - x @ w.T).abs()
     assert (err_nonneg <= bound * (1 + 1e-4) + 1e-6).all()
@@ -106,26 +113,48 @@ def test_int8_linear_error_is_within_the_quantization_bound(levels):
 
 
 @needs_int8
-def test_int8_linear_row_does_not_depend_on_its_batch():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_linear_row_does_not_depend_on_its_batch(kernel):
     x, w, b = rows(10, 48, 2), torch.randn(20, 48), torch.randn(20)
-    layer = Int8Linear(*quantize_rows(w), b, 63)
+    layer = Int8Linear(*quantize_rows(w), b, 63, kernel=kernel)
     together = layer(x.view(2, 5, 48)).view(10, 20)  # (B, T, K) inputs too
     for i in range(10):
         assert torch.equal(layer(x[i : i + 1])[0], together[i])
     assert torch.equal(layer(x.flip(0)).flip(0), together)
+    # batches of every size a kernel may block differently (tails, full blocks, many blocks)
+    big, wide = rows(300, 64, 4), torch.randn(700, 64)
+    layer = Int8Linear(*quantize_rows(wide), None, 63, kernel=kernel)
+    whole = layer(big)  # (300, 700)
+    for m in (1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 200, 299):
+        assert torch.equal(layer(big[-m:]), whole[-m:]), m
 
 
 @needs_int8
+@pytest.mark.skipif(not onednn_int8_supported(), reason="needs oneDNN's int8 matmul")
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_int8_kernels_differ_only_in_float_rounding(nonnegative):
+    x, w, b = rows(40, 96, 5), torch.randn(50, 96), torch.randn(50)
+    if nonnegative:
+        x = x.relu()
+    a, c = (Int8Linear(*quantize_rows(w), b, 63, nonnegative, kernel)(x)
+            for kernel in ("fbgemm", "onednn"))
+    torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="int8 kernel must be one of"):
+        Int8Linear(*quantize_rows(w), b, 63, kernel="mkl")
+
+
+@needs_int8
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("levels", LEVELS)
-def test_int8_projection_rescores_each_rows_best_logits_in_fp32(levels):
+def test_int8_projection_rescores_each_rows_best_logits_in_fp32(levels, kernel):
     # Each row's RESCORED largest int8 logits are replaced by their fp32 values; the others are
     # the int8 product's. Rows do not mix. Where fp32's best token is among int8's RESCORED
     # best, the argmax is fp32's.
     g = torch.Generator().manual_seed(3)
     w = torch.randn(300, 24, generator=g) * 0.3
     y = torch.randn(2, 7, 24, generator=g)
-    proj = Int8Projection(w, levels)
-    plain = Int8Linear(*quantize_rows(w), None, levels)
+    proj = Int8Projection(w, levels, kernel=kernel)
+    plain = Int8Linear(*quantize_rows(w), None, levels, kernel=kernel)
     got = proj(y).view(14, 300)
     int8, fp32 = plain(y).view(14, 300), (y @ w.T).view(14, 300)
     top = int8.topk(RESCORED, dim=1).indices  # (14, RESCORED)
@@ -146,7 +175,7 @@ def test_quantize_model_keeps_lookups_fp32_and_marks_relu_inputs(overrides):
     model = micro(**overrides)
     untied = model.out_proj.weight if model.out_proj is not None else None
     int8 = quantize_model(model, 63)
-    assert isinstance(int8.out_proj, Int8Projection)
+    assert isinstance(int8.out_proj, Int8Projection) and int8.out_proj.int8.kernel == "fbgemm"
     expected = untied if untied is not None else int8.target_embedding.weight
     assert int8.out_proj.weight.data_ptr() == expected.data_ptr()  # one float32 copy
     assert isinstance(int8.src_embed, ScaledEmbedding)
@@ -156,6 +185,12 @@ def test_quantize_model_keeps_lookups_fp32_and_marks_relu_inputs(overrides):
     others = [m for m in int8.modules() if isinstance(m, Int8Linear)
               and all(m is not f.w2 for f in ffns)]
     assert others and not any(m.nonnegative for m in others)
+    assert all(m.kernel == "fbgemm" for m in others)  # the narrow products stay on fbgemm
+    if onednn_int8_supported():
+        on = quantize_model(micro(**overrides), 63, projection="onednn")
+        assert on.out_proj.int8.kernel == "onednn" and "kernel=onednn" in repr(on.out_proj)
+        assert {m.kernel for m in on.modules() if isinstance(m, Int8Linear)} == {"fbgemm",
+                                                                                "onednn"}
 
 
 def micro(seed: int = 0, **overrides) -> Transformer:
@@ -169,9 +204,10 @@ def micro(seed: int = 0, **overrides) -> Transformer:
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "tgt_vocab_size": 30},
                                        {"tie_embeddings": False, "tie_output": False},
                                        {"norm": "pre", "positions": "learned", "attn_window": 2}])
-def test_int8_model_follows_the_fp32_model(overrides):
+@pytest.mark.parametrize("projection", KERNELS)
+def test_int8_model_follows_the_fp32_model(overrides, projection):
     fp32 = micro(**overrides)
-    int8 = quantize_model(micro(**overrides), 63)
+    int8 = quantize_model(micro(**overrides), 63, projection)
     assert current(int8) == "int8"
     assert not any(isinstance(m, torch.nn.Linear) for m in int8.modules())
     g = torch.Generator().manual_seed(5)
@@ -256,6 +292,7 @@ def test_translator_converts_once_and_shares_the_model(model_dir):
     loaded = load_model(model_dir)
     first = Translator(loaded, precision="int8")
     assert first.precision == "int8" and current(loaded.model) == "int8"
+    assert first.model.out_proj.int8.kernel == projection_kernel(cpu_flags())
     again = Translator(loaded, precision="int8", beam_size=2)
     assert again.model is first.model
     lines = ["the cat sat on the mat", "a dog runs", "die kinder spielen im garten"]
@@ -272,6 +309,8 @@ def test_precision_checks_and_activation_levels_per_cpu_kind():
     avx2 = frozenset({"avx", "avx2", "fma"})
     vnni = avx2 | {"avx512f", "avx512_bf16", "avx512_vnni"}
     assert activation_levels(avx2) == 63 and activation_levels(vnni) == 127
+    assert projection_kernel(avx2) == "fbgemm"
+    assert projection_kernel(vnni) == ("onednn" if onednn_int8_supported() else "fbgemm")
     assert resolve("fp32", "cpu") == "fp32" and resolve("bf16", "meta") == "bf16"
     with pytest.raises(ValueError, match="x86 CPUs only"):
         resolve("int8", "meta")

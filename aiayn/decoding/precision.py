@@ -90,14 +90,20 @@ def convert(model: Any, precision: str) -> Any:
             pad_product_rows(model)
         return model
     if precision == "int8":
-        from aiayn.model.int8 import activation_levels, cpu_flags, quantize_model
+        from aiayn.model.int8 import (
+            activation_levels,
+            cpu_flags,
+            projection_kernel,
+            quantize_model,
+        )
         from aiayn.model.transformer import Transformer
 
         if not isinstance(model, Transformer):
             arch = getattr(getattr(model, "cfg", None), "arch", type(model).__name__)
             raise ValueError(f"int8 decoding supports the Transformer only, not arch {arch!r}; "
                              "use precision fp32")
-        return quantize_model(model, activation_levels(cpu_flags()))
+        flags = cpu_flags()
+        return quantize_model(model, activation_levels(flags), projection_kernel(flags))
     return model
 
 

@@ -43,6 +43,20 @@ reference positions than int8 everywhere, about as often as bf16 does
 (`benchmarks/precision_fidelity.py`, docs/experiments/decoding.md). The embedding lookups stay
 float32 (a tied model's read that same matrix): a lookup is a copy with no arithmetic to save,
 and an int8 copy of the table would add its own error (float32 costs 3 bytes a weight more).
+
+Two kernels, one arithmetic. fbgemm's fused op above quantizes the activations itself; oneDNN's
+int8 matmul (`torch.ops.onednn.qlinear_pointwise`, the kernel of PyTorch's own x86 int8
+inference, on AMX tiles where the CPU has them) takes activations quantized here by the same rule,
+uint8 with the same zero point and step. Both sum the integer products exactly, so they differ
+only in the float32 rounding of the scaling. oneDNN is the pre-softmax projection's kernel where
+the CPU has AVX512-VNNI (`projection_kernel`): for its wide output (V columns) it took 0.60
+against fbgemm's 1.6 ms on (256, 128) x (128, 8,000), and 0.45 against 0.82 s of a beam search of
+Multi30k's test set, both kernels timed on every call; on the narrow products of the layers
+(d_model or d_ff columns) fbgemm was faster (49 against 80 us on (256, 128) x (128, 128)), and
+they stay on it. On AVX2 alone the projection stays on fbgemm, the kernel measured there (2
+threads, EPYC Zen 5; docs/experiments/decoding.md). oneDNN's rows are padded to a multiple of
+`ROW_MULTIPLE` above that many, as bf16's are, since it keeps a kernel for every row count it
+meets.
 """
 
 from __future__ import annotations
@@ -52,9 +66,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.decoding.common import row_topk
+from aiayn.decoding.precision import ROW_MULTIPLE
 from aiayn.model.layers import FeedForward
 
 WEIGHT_LEVELS = 127  # int8 weights: [-127, 127], symmetric
@@ -76,6 +92,17 @@ def int8_supported() -> bool:
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def onednn_int8_supported() -> bool:
+    """oneDNN's int8 matmul is built into this torch (`Int8Linear(kernel="onednn")`)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def projection_kernel(flags: frozenset[str]) -> str:
+    """The pre-softmax projection's int8 kernel: oneDNN's where the CPU has AVX512-VNNI (and
+    oneDNN is built in), else fbgemm's (module doc)."""
+    return "onednn" if "avx512_vnni" in flags and onednn_int8_supported() else "fbgemm"
 
 
 def activation_levels(flags: frozenset[str]) -> int:
@@ -123,35 +150,61 @@ def row_absmax(x: Tensor) -> Tensor:
     return s.clamp_(min=torch.finfo(torch.float32).tiny)
 
 
+KERNELS = ("fbgemm", "onednn")
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 per output row and x quantized per row (module doc).
     x: (..., K) float32 -> (..., N) float32. The bias stays float32. `nonnegative`: the caller
-    guarantees x >= 0 (a ReLU's output), which then gets twice the steps (module doc)."""
+    guarantees x >= 0 (a ReLU's output), which then gets twice the steps (module doc). `kernel`:
+    fbgemm's fused op or oneDNN's matmul, the same integer sums (module doc)."""
 
     def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None, levels: int,
-                 nonnegative: bool = False):
+                 nonnegative: bool = False, kernel: str = "fbgemm"):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"int8 kernel must be one of {KERNELS}, got {kernel!r}")
         self.in_features, self.out_features = q.size(1), q.size(0)
         self.levels = levels
         self.nonnegative = nonnegative
+        self.kernel = kernel
         if nonnegative:  # x / s in [0, 1] onto [0, 2 * levels]
             self._step, self._zero = 1.0 / (2 * levels), 0
         else:  # x / s in [-1, 1] onto [1, 2 * levels + 1]
             self._step, self._zero = 1.0 / levels, levels + 1
-        self._packed = _pack(q, scale)
+        if kernel == "fbgemm":
+            self._packed = _pack(q, scale)
+        else:
+            self._packed = torch.ops.onednn.qlinear_prepack(q, None)
+            self._w_scale = scale.float()
+            self._w_zero = torch.zeros(q.size(0), dtype=torch.long)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, levels: int, nonnegative: bool = False
-                    ) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, levels: int, nonnegative: bool = False,
+                    kernel: str = "fbgemm") -> "Int8Linear":
         q, scale = quantize_rows(linear.weight)
-        return cls(q, scale, linear.bias, levels, nonnegative)
+        return cls(q, scale, linear.bias, levels, nonnegative, kernel)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
         s = row_absmax(x)  # (..., 1)
-        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x / s, self._step, self._zero, self._packed)  # (..., N)
+        if self.kernel == "fbgemm":
+            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+                x / s, self._step, self._zero, self._packed)  # (..., N)
+        else:  # fbgemm's rounding and saturation, written out
+            u = torch.div(x, s).mul_(1.0 / self._step).round_().add_(self._zero)
+            u = u.clamp_(0, 255).to(torch.uint8).reshape(-1, self.in_features)  # (M, K)
+            rows = u.size(0)
+            # oneDNN keeps a kernel for every row count it meets, as for bf16: above
+            # `ROW_MULTIPLE` rows, padded to a multiple of it (rows of their own, cut off
+            # below); a few rows (a lone sentence's beams) would pay more for padding
+            if rows > ROW_MULTIPLE:
+                u = F.pad(u, (0, 0, 0, -rows % ROW_MULTIPLE), value=self._zero)
+            y = torch.ops.onednn.qlinear_pointwise(
+                u, self._step, self._zero, self._packed, self._w_scale, self._w_zero, None,
+                1.0, 0, torch.float32, "none", [], "")[:rows]  # (M, N)
+            y = y.view(*x.shape[:-1], self.out_features)
         if self.bias is None:
             return y.mul_(s)
         return torch.addcmul(self.bias, y, s, out=y)  # y * s + b in one pass over y
@@ -159,7 +212,7 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, activation levels={self.levels}, "
-                f"nonnegative={self.nonnegative}")
+                f"nonnegative={self.nonnegative}, kernel={self.kernel}")
 
 
 # Each row's logits recomputed in float32 by `Int8Projection`: a beam of k takes each step's
@@ -175,11 +228,12 @@ class Int8Projection(nn.Module):
     a row's logits are the same in any batch.
 
     `weight` (V, d_model) is kept as given, not copied: in a tied model (§3.4) the embedding
-    matrix, which the lookups keep reading in float32."""
+    matrix, which the lookups keep reading in float32. `kernel`: the int8 product's
+    (`projection_kernel`)."""
 
-    def __init__(self, weight: Tensor, levels: int, top: int = RESCORED):
+    def __init__(self, weight: Tensor, levels: int, top: int = RESCORED, kernel: str = "fbgemm"):
         super().__init__()
-        self.int8 = Int8Linear(*quantize_rows(weight), None, levels)
+        self.int8 = Int8Linear(*quantize_rows(weight), None, levels, kernel=kernel)
         self.weight = weight  # shared with a tied embedding, so not registered here
         self.top = min(top, weight.size(0))
 
@@ -206,16 +260,17 @@ def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -
             replace_linears(child, make)
 
 
-def quantize_model(model: nn.Module, levels: int) -> nn.Module:
+def quantize_model(model: nn.Module, levels: int, projection: str = "fbgemm") -> nn.Module:
     """Convert a `Transformer` for int8 decoding, in place, and return it: every linear layer
     becomes an `Int8Linear` (the feed-forward network's second one `nonnegative`) and the
-    pre-softmax projection an `Int8Projection`; the embedding lookups, LayerNorm and learned
+    pre-softmax projection an `Int8Projection` on the kernel `projection` (`projection_kernel`
+    picks it for a CPU); the embedding lookups, LayerNorm and learned
     positions stay float32. The float32 weights of the replaced layers are released (unless
     referenced elsewhere). The result decodes only (no training, no state_dict round trip)."""
     model.eval()
     untied = model.out_proj  # an nn.Linear when the projection has its own matrix, else None
     weight = model.target_embedding.weight if untied is None else untied.weight
-    model.out_proj = Int8Projection(weight.detach(), levels)
+    model.out_proj = Int8Projection(weight.detach(), levels, kernel=projection)
     for ffn in model.modules():
         if isinstance(ffn, FeedForward):  # w2 reads ReLU's output (§3.3, Eq. 2)
             ffn.w2 = Int8Linear.from_linear(ffn.w2, levels, nonnegative=True)
