@@ -49,11 +49,11 @@ int8 matmul (`torch.ops.onednn.qlinear_pointwise`, the kernel of PyTorch's own x
 inference, on AMX tiles where the CPU has them) takes activations quantized here by the same rule,
 uint8 with the same zero point and step. Both sum the integer products exactly, so they differ
 only in the float32 rounding of the scaling. oneDNN is the pre-softmax projection's kernel where
-the CPU has AVX512-VNNI (`projection_kernel`): for its wide output (V columns) it took 0.60
-against fbgemm's 1.6 ms on (256, 128) x (128, 8,000), and 0.45 against 0.82 s of a beam search of
-Multi30k's test set, both kernels timed on every call; on the narrow products of the layers
-(d_model or d_ff columns) fbgemm was faster (49 against 80 us on (256, 128) x (128, 128)), and
-they stay on it. On AVX2 alone the projection stays on fbgemm, the kernel measured there (2
+the CPU has AVX512-VNNI (`projection_kernel`): for its wide output (V columns) it took 0.66
+against fbgemm's 0.91 ms on (256, 128) x (128, 8,000), and 0.36 against 0.65 s of a beam search
+of Multi30k's test set, both kernels timed on every call (`benchmarks/int8_kernels.py`); on the
+narrow products of the layers (d_model or d_ff columns) fbgemm was faster (50 against 84 us on
+(256, 128) x (128, 128)), and they stay on it. On AVX2 alone the projection stays on fbgemm, the kernel measured there (2
 threads, EPYC Zen 5; docs/experiments/decoding.md). oneDNN's rows are padded to a multiple of
 `ROW_MULTIPLE` above that many, as bf16's are, since it keeps a kernel for every row count it
 meets.
