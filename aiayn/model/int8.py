@@ -192,7 +192,7 @@ class Int8Linear(nn.Module):
         if self.kernel == "fbgemm":
             y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
                 x / s, self._step, self._zero, self._packed)  # (..., N)
-        else:  # fbgemm's rounding and saturation, written out
+        else:  # quantized as fbgemm does it: round half to even, saturate to uint8
             u = torch.div(x, s).mul_(1.0 / self._step).round_().add_(self._zero)
             u = u.clamp_(0, 255).to(torch.uint8).reshape(-1, self.in_features)  # (M, K)
             rows = u.size(0)
