@@ -34,11 +34,13 @@ def perturb(model, scale: float, seed: int):
     doc says; returns the model."""
     import torch
 
+    from aiayn.model.int8 import WEIGHT_LEVELS
+
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for w in model.parameters():
             if w.dim() == 2:
-                sd = w.abs().amax(dim=1, keepdim=True) * (scale / 127 / 12 ** 0.5)  # (N, 1)
+                sd = w.abs().amax(dim=1, keepdim=True) * (scale / WEIGHT_LEVELS / 12 ** 0.5)  # (N, 1)
                 w.add_(torch.randn(w.shape, generator=g) * sd)
     return model
 

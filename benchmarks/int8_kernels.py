@@ -39,7 +39,9 @@ tune_memory()  # `aiayn translate`'s malloc and huge-page settings, before torch
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from aiayn.decoding import EARLY_STOP_RULES  # noqa: E402
 from aiayn.model.int8 import (  # noqa: E402
+    KERNELS,
     Int8Linear,
     Int8Projection,
     cpu_flags,
@@ -47,8 +49,6 @@ from aiayn.model.int8 import (  # noqa: E402
     projection_kernel,
     quantize_rows,
 )
-
-KERNELS = ("fbgemm", "onednn")
 
 
 def product_shapes(model: nn.Module) -> list[dict]:
@@ -133,8 +133,8 @@ def main() -> int:
     p.add_argument("--src", help="also time the projection inside a beam search of this file")
     p.add_argument("--rows", type=int, nargs="+", default=[8, 64, 256])
     p.add_argument("--reps", type=int, default=50)
-    p.add_argument("--early-stop", nargs="+", default=["exact", "current"],
-                   choices=["exact", "current"])
+    p.add_argument("--early-stop", nargs="+", default=list(EARLY_STOP_RULES),
+                   choices=EARLY_STOP_RULES)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="write the results as JSON here (refuses to overwrite)")
     a = p.parse_args()

@@ -26,8 +26,8 @@ rule, allocator). `--baseline DIR` runs every aiayn row again with the aiayn of 
 the same machine in one run. Each row runs `--reps` times, in rounds (every row once, then every
 row again, so a slow phase of a shared host falls on all rows alike); the fastest time, every
 time (`all_seconds`) and the largest RSS are reported; the translations are scored with
-sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the
-same model.
+sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked here: aiayn
+int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
 """
 
 from __future__ import annotations
@@ -202,10 +202,10 @@ def main() -> int:
                                                 if a.baseline else []):
                 hyp = a.out / f"{prefix[:8]}aiayn-{prec}{'-' + tag if tag else ''}.hyp"
                 add_row(prefix + name,
-                    [py, "-m", "aiayn", "translate", "--model", str(Path(a.model).resolve()),
-                     "--input", str(Path(a.src).resolve()), "--output", str(hyp.resolve()),
-                     "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
-                     *opts], hyp, env, repo)
+                        [py, "-m", "aiayn", "translate", "--model", str(Path(a.model).resolve()),
+                         "--input", str(Path(a.src).resolve()), "--output", str(hyp.resolve()),
+                         "--overwrite", "--precision", prec, *(["--greedy"] if a.greedy else []),
+                         *opts], hyp, env, repo)
     for ct in a.ct2:
         export = a.out / f"ct2-{ct}"
         if not export.exists():
@@ -215,10 +215,10 @@ def main() -> int:
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         hyp = a.out / f"ct2-{ct}.hyp"
         add_row(f"CTranslate2 {ct} (Python)",
-            [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
-             "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch),
-             "--ct2-cap", *map(str, output_cap(Path(a.model)))],
-            hyp)
+                [py, __file__, "--ct2-child", str(export), a.src, str(hyp), "--compute-type", ct,
+                 "--threads", str(a.threads), "--beam", str(a.beam), "--ct2-batch", str(a.ct2_batch),
+                 "--ct2-cap", *map(str, output_cap(Path(a.model)))],
+                hyp)
     if a.onnx:
         export = a.out / "onnx"
         if not export.exists():
@@ -227,8 +227,8 @@ def main() -> int:
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         hyp = a.out / "onnx.hyp"
         add_row("ONNX fp32, onnxruntime (Python)",
-            [py, __file__, "--onnx-child", str(export), a.src, str(hyp), "--threads", str(a.threads)],
-            hyp)
+                [py, __file__, "--onnx-child", str(export), a.src, str(hyp), "--threads", str(a.threads)],
+                hyp)
 
     # Rounds, not a row's reps back to back: every row is timed once per round, so a slow phase
     # of a shared host falls on all rows alike rather than on the rows that ran during it.

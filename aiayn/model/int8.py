@@ -53,10 +53,10 @@ the CPU has AVX512-VNNI (`projection_kernel`): for its wide output (V columns) i
 against fbgemm's 0.91 ms on (256, 128) x (128, 8,000), and 0.36 against 0.65 s of a beam search
 of Multi30k's test set, both kernels timed on every call (`benchmarks/int8_kernels.py`); on the
 narrow products of the layers (d_model or d_ff columns) fbgemm was faster (50 against 84 us on
-(256, 128) x (128, 128)), and they stay on it. On AVX2 alone the projection stays on fbgemm, the kernel measured there (2
-threads, EPYC Zen 5; docs/experiments/decoding.md). oneDNN's rows are padded to a multiple of
-`ROW_MULTIPLE` above that many, as bf16's are, since it keeps a kernel for every row count it
-meets.
+(256, 128) x (128, 128)), and they stay on it (2 threads, EPYC Zen 5;
+docs/experiments/decoding.md). On AVX2 alone the projection stays on fbgemm, the kernel measured
+there. oneDNN's rows are padded to a multiple of `ROW_MULTIPLE` above that many, as bf16's are,
+since it keeps a kernel for every row count it meets.
 """
 
 from __future__ import annotations
