@@ -21,7 +21,7 @@ _LAZY = {
     "get_preset": "aiayn.presets", "load_config": "aiayn.presets", "UserError": "aiayn.errors",
     "Transformer": "aiayn.model", "build_model": "aiayn.model", "KVCache": "aiayn.model",
     "count_parameters": "aiayn.model", "flops_per_target_token": "aiayn.model",
-    "load_model": "aiayn.model.io", "save_model": "aiayn.model.io",
+    "load_model": "aiayn.data.model_dir", "save_model": "aiayn.data.model_dir",
 }
 __all__ = list(_LAZY)
 

@@ -61,8 +61,8 @@ def main() -> int:
     a = p.parse_args()
     import torch
 
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.precision import convert
-    from aiayn.model.io import load_model
 
     torch.set_num_threads(a.threads)
     loaded = load_model(a.model)

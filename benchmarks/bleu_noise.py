@@ -10,7 +10,7 @@ against the unperturbed model's.
 
 The noise: every 2-D weight (linear layers, the embedding matrix) gets N(0, sd^2) per element,
 sd = --scale * max|row| / 127 / sqrt(12), the standard deviation of rounding a row to int8's 127
-steps (`aiayn.model.int8.quantize_rows`). Unlike int8 it changes no activation, so at scale 1 it
+steps (`aiayn.decoding.int8.quantize_rows`). Unlike int8 it changes no activation, so at scale 1 it
 moves the model's log-probabilities less than int8 does (benchmarks/precision_fidelity.py
 measures both). The spread of the deltas is the resolution at which sacreBLEU on these files can
 tell two arithmetics apart: a precision's sacreBLEU "within 0.1 of fp32" means little where
@@ -34,7 +34,7 @@ def perturb(model, scale: float, seed: int):
     doc says; returns the model."""
     import torch
 
-    from aiayn.model.int8 import WEIGHT_LEVELS
+    from aiayn.decoding.int8 import WEIGHT_LEVELS
 
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -67,9 +67,9 @@ def main() -> int:
         raise SystemExit(f"{a.out} exists; choose another --out")
     import torch
 
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
     from aiayn.evaluation.sacre import sacre_bleu
-    from aiayn.model.io import load_model
 
     torch.set_num_threads(a.threads)
     data = []

@@ -57,10 +57,10 @@ def score_checkpoint(model_dir: Path, sources: list[str], refs: list, beam: int 
                      metric: str = "bleu") -> float:
     """sacreBLEU (refs: one string per source), or word error rate in % (refs: each word's list of
     dictionary pronunciations)."""
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
     from aiayn.evaluation.g2p import word_error_rate
     from aiayn.evaluation.sacre import sacre_bleu
-    from aiayn.model.io import load_model
 
     tr = Translator(load_model(model_dir), greedy=beam is None, beam_size=beam)
     hyps = tr.translate(sources)
@@ -192,8 +192,8 @@ def alignment(model_dir: Path, source: str, target: str) -> tuple[np.ndarray, li
     last decoder layer's, averaged over heads (the RNN has one layer with one head)."""
     import torch
 
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.common import source_batch
-    from aiayn.model.io import load_model
     from aiayn.special import BOS_ID
 
     m = load_model(model_dir)

@@ -227,7 +227,7 @@ class Scenario:
 
 
 def model_check(out: Path) -> str | None:
-    from aiayn.model.io import load_model
+    from aiayn.data.model_dir import load_model
     from aiayn.parsing.chart.files import is_chart_model, load_chart
 
     try:

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     start = rss_mb()
     import torch
 
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
-    from aiayn.model.io import load_model
 
     phases = [("python started", start), ("torch imported", rss_mb())]
     loaded = load_model(args.model)

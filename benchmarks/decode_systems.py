@@ -136,7 +136,7 @@ def ct2_tokens() -> list[str]:
 
 def export_ct2(config: str, seed: int, out: str, quantization: str | None) -> None:
     """The aiayn model of `make_aiayn` (same seed), written as a CTranslate2 model directory."""
-    from aiayn.model.export_ct2 import build_spec, save_spec
+    from aiayn.export.ctranslate2 import build_spec, save_spec
 
     tokens = ct2_tokens()
     save_spec(build_spec(aiayn_model(config, seed), tokens, tokens), out, quantization)

@@ -25,9 +25,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from aiayn.data.model_dir import load_model  # noqa: E402
 from aiayn.decoding import translate  # noqa: E402
 from aiayn.decoding.translate import Translator  # noqa: E402
-from aiayn.model.io import load_model  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""fbgemm's int8 product against oneDNN's, on a model's own shapes (aiayn/model/int8.py, "Two
+"""fbgemm's int8 product against oneDNN's, on a model's own shapes (aiayn/decoding/int8.py, "Two
 kernels, one arithmetic"): which kernel each int8 product of `aiayn translate --precision int8`
 should take on the CPU at hand.
 
@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from aiayn.decoding import EARLY_STOP_RULES  # noqa: E402
-from aiayn.model.int8 import (  # noqa: E402
+from aiayn.decoding.int8 import (  # noqa: E402
     KERNELS,
     Int8Linear,
     Int8Projection,
@@ -142,9 +142,9 @@ def main() -> int:
         raise SystemExit(f"{a.out} exists; choose another --out")
     if not onednn_int8_supported():
         raise SystemExit("this torch has no oneDNN int8 matmul; nothing to compare")
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
     from aiayn.errors import UserError
-    from aiayn.model.io import load_model
 
     torch.set_num_threads(a.threads)
     try:

@@ -18,7 +18,7 @@ and no luck in them; they rank arithmetics that sacreBLEU cannot tell apart.
 Each row is its own process (`--child`), importing the aiayn of its checkout (this one, and with
 `--baseline DIR` another, e.g. a `git worktree` of an earlier commit): before and after a change
 in one run. `--int8-levels 63` measures int8 as an AVX2 CPU computes it (63 activation levels,
-aiayn/model/int8.py) on a CPU that would take 127. Sentences go through in batches of `--batch`
+aiayn/decoding/int8.py) on a CPU that would take 127. Sentences go through in batches of `--batch`
 (sorted by length), at 2 threads unless `--threads` says otherwise; the figures do not depend on
 either (rows do not mix).
 """
@@ -52,7 +52,7 @@ def batches(model_dir: str, src: str, ref: str, limit: int | None, batch: int):
     """(loaded fp32 model, [Batch]): the pairs tokenized as the model's tokenizers do, in batches
     of up to `batch` pairs of similar length (`length_batches`, `collate`: what evaluation uses)."""
     from aiayn.data.batching import collate, length_batches
-    from aiayn.model.io import load_model
+    from aiayn.data.model_dir import load_model
 
     loaded = load_model(model_dir)
     srcs = Path(src).read_text(encoding="utf-8").splitlines()[:limit]
@@ -78,9 +78,9 @@ def child(a: argparse.Namespace) -> int:
     """One precision against fp32 with this process's aiayn: a JSON line on stdout."""
     import torch
 
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.precision import convert, resolve
     from aiayn.errors import UserError
-    from aiayn.model.io import load_model
     from aiayn.special import PAD_ID
 
     torch.set_num_threads(a.threads)
@@ -94,7 +94,7 @@ def child(a: argparse.Namespace) -> int:
     precision = resolve(a.child, "cpu")
     model = load_model(a.model).model.eval()
     if precision == "int8" and a.int8_levels:
-        from aiayn.model.int8 import cpu_flags, projection_kernel, quantize_model
+        from aiayn.decoding.int8 import cpu_flags, projection_kernel, quantize_model
 
         model = quantize_model(model, a.int8_levels, projection_kernel(cpu_flags()))
     got = log_probs(convert(model, precision), data)

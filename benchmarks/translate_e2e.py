@@ -17,7 +17,7 @@ of the child (ru_maxrss):
   detokenize, write.
 - ONNX (`--onnx`): the model exported once (untimed) by `aiayn export --format onnx`, then a
   Python script that tokenizes with sentencepiece and searches with `OnnxGreedy`
-  (aiayn/model/export_onnx.py; its module imports torch, counted) on onnxruntime: greedy only,
+  (aiayn/export/onnx.py; its module imports torch, counted) on onnxruntime: greedy only,
   so use it with `--greedy`, which makes every row greedy (`aiayn translate --greedy`, CTranslate2
   beam 1).
 `--variants` adds aiayn rows with other options or environment settings (batch size, stopping
@@ -101,7 +101,7 @@ def onnx_child(model: str, src: str, out: str, threads: int) -> int:
     """The ONNX row's process: sentencepiece, then OnnxGreedy over the exported graphs."""
     import sentencepiece as spm
 
-    from aiayn.model.export_onnx import OnnxGreedy
+    from aiayn.export.onnx import OnnxGreedy
 
     sp = spm.SentencePieceProcessor(model_file=str(Path(model) / "spm.model"))
     lines = Path(src).read_text(encoding="utf-8").splitlines()

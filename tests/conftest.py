@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from aiayn.cli import main
+from aiayn.data.model_dir import save_model
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.model import Transformer
-from aiayn.model.io import save_model
 
 from helpers import DE, EN, MICRO, TEXTS, sentences, write_lines
 

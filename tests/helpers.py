@@ -43,12 +43,12 @@ from nltk.tree import Tree
 from aiayn.commands.serve import bind
 from aiayn.config import BASE
 from aiayn.data.corpus import ParallelSource
+from aiayn.data.model_dir import save_model
 from aiayn.data.prepare import PrepareOptions, prepare_dataset
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.decoding.common import source_batch
+from aiayn.decoding.int8 import int8_supported
 from aiayn.model import Transformer
-from aiayn.model.int8 import int8_supported
-from aiayn.model.io import save_model
 from aiayn.serving.engine import Attention, Engine
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 from aiayn.training import checkpoint as ckpt

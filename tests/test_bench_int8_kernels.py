@@ -15,9 +15,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import int8_kernels  # noqa: E402
 
+from aiayn.data.model_dir import load_model  # noqa: E402
+from aiayn.decoding.int8 import onednn_int8_supported  # noqa: E402
 from aiayn.decoding.translate import Translator  # noqa: E402
-from aiayn.model.int8 import onednn_int8_supported  # noqa: E402
-from aiayn.model.io import load_model  # noqa: E402
 
 from helpers import TEXTS, needs_int8  # noqa: E402
 

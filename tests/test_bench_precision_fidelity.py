@@ -19,7 +19,7 @@ sys.path.insert(0, str(BENCH))
 import bleu_noise  # noqa: E402
 import precision_fidelity  # noqa: E402
 
-from aiayn.model.int8 import activation_levels, cpu_flags  # noqa: E402
+from aiayn.decoding.int8 import activation_levels, cpu_flags  # noqa: E402
 
 from helpers import TEXTS, needs_int8  # noqa: E402
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding import beam
 from aiayn.decoding.beam import BeamSearch
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.translate import Translator
 from aiayn.model import cache
-from aiayn.model.io import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import search_steps  # noqa: E402

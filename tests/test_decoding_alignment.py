@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.alignment import (
     SentenceAlignment,
     format_hard,
@@ -23,7 +24,6 @@ from aiayn.decoding.alignment import (
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
-from aiayn.model.io import load_model
 from aiayn.special import BOS_ID
 
 from helpers import reverser_model_dir

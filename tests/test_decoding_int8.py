@@ -1,4 +1,4 @@
-"""Int8 decoding (aiayn/model/int8.py, aiayn/decoding/precision.py): the int8 product against an
+"""Int8 decoding (aiayn/decoding/int8.py, aiayn/decoding/precision.py): the int8 product against an
 integer reference written here and against the fp32 product within the quantization error bound
 (a ReLU's output, with twice the steps, within half of it), a row's result independent of its
 batch, the projection's rescored logits equal to fp32's, the int8 model against the fp32 model it
@@ -14,14 +14,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding import beam_search, greedy_search, length_penalty, source_batch
 from aiayn.decoding.common import next_token_logprobs
-from aiayn.decoding.precision import auto_precision, convert, current, resolve
-from aiayn.decoding.translate import Translator
-from aiayn.model import Transformer
-from aiayn.model.build import build_model
-from aiayn.model.embedding import ScaledEmbedding
-from aiayn.model.int8 import (
+from aiayn.decoding.int8 import (
     RESCORED,
     Int8Linear,
     Int8Projection,
@@ -32,17 +28,21 @@ from aiayn.model.int8 import (
     quantize_model,
     quantize_rows,
 )
-from aiayn.model.io import load_model
+from aiayn.decoding.precision import auto_precision, convert, current, resolve
+from aiayn.decoding.translate import Translator
+from aiayn.model import Transformer
+from aiayn.model.build import build_model
+from aiayn.model.embedding import ScaledEmbedding
 from aiayn.model.layers import FeedForward
 from aiayn.special import BOS_ID, EOS_ID
 
 from helpers import MICRO, needs_int8, reverser_model_dir, run_cli
 
 # 127 activation levels are exact only where fbgemm accumulates in int32 (AVX512-VNNI); on AVX2
-# its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/model/int8.py)
+# its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/decoding/int8.py)
 LEVELS = (63, pytest.param(127, marks=pytest.mark.skipif(
     activation_levels(cpu_flags()) != 127, reason="127 levels need AVX512-VNNI")))
-# fbgemm's fused op and oneDNN's matmul: the same integer sums (aiayn/model/int8.py)
+# fbgemm's fused op and oneDNN's matmul: the same integer sums (aiayn/decoding/int8.py)
 KERNELS = ("fbgemm", pytest.param("onednn", marks=pytest.mark.skipif(
     not onednn_int8_supported(), reason="needs oneDNN's int8 matmul in this torch")))
 

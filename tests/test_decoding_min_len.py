@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding import beam_search, greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.translate import SearchOptions, search_batched
-from aiayn.model.io import load_model
 from aiayn.special import EOS_ID
 
 V = 9

@@ -197,8 +197,8 @@ def test_bf16_weights_translator_scores_agree_with_fp32(model_dir):
     # Cast-once bf16 weights must compute the fp32 model's distribution up to bf16 rounding: the
     # per-token log-probs a bf16 search reports equal the fp32 model's, teacher-forced on the same
     # outputs, within 0.05 nats. (Argmax ties of a random model may break differently.)
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
-    from aiayn.model.io import load_model
 
     lines = ["the cat sat on the mat", "a dog runs", "die kinder spielen im garten"]
     auto = Translator(load_model(model_dir), precision="bf16", convert=False)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import SearchOptions, Translator, search_batched
 from aiayn.errors import UserError
-from aiayn.model.io import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")

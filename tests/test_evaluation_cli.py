@@ -126,7 +126,7 @@ def test_reference_perplexity_under_a_model_matches_one_at_a_time(model_dir, tmp
 
     import torch
 
-    from aiayn.model.io import load_model
+    from aiayn.data.model_dir import load_model
     from aiayn.special import BOS_ID, EOS_ID
 
     srcs = ["the cat sat on the mat", "ein hund", "die kinder spielen im garten im park"]

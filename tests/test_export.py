@@ -16,17 +16,17 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli_main
+from aiayn.data.model_dir import load_model, save_model
 from aiayn.decoding import greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
 from aiayn.model import build_model
-from aiayn.model.io import load_model, save_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import reverser_model_dir as _model_dir
 
 MAX_LEN = 10
-# aiayn's searches never emit PAD or BOS; CTranslate2 must be told (see aiayn/model/export_ct2.py).
+# aiayn's searches never emit PAD or BOS; CTranslate2 must be told (see aiayn/export/ctranslate2.py).
 SUPPRESS = [["<pad>"], ["<s>"]]
 
 def _ct2():
@@ -112,7 +112,7 @@ def test_builtin_sinusoids_would_differ(exported, tmp_path):
     """Sanity check of the check: CTranslate2's own sinusoid layout (sin | cos halves) is not
     ours (sin/cos interleaved), and the greedy comparison notices."""
     ctranslate2 = _ct2()
-    from aiayn.model.export_ct2 import build_spec, save_spec
+    from aiayn.export.ctranslate2 import build_spec, save_spec
 
     loaded, _, _ = exported
     if loaded.cfg.positions != "sinusoidal":
@@ -170,7 +170,7 @@ def test_existing_output_is_never_replaced_without_overwrite(model_dir, tmp_path
     (dict(arch="rnn", rnn_emb=8, rnn_hidden=8, rnn_attn=8), "arch='rnn'"),
 ])
 def test_unsupported_options_are_user_errors(model_dir, tmp_path, capsys, overrides, option):
-    from aiayn.model.export_ct2 import check_exportable
+    from aiayn.export.ctranslate2 import check_exportable
 
     cfg = replace(load_model(model_dir).cfg, **overrides)
     with pytest.raises(UserError, match=option):

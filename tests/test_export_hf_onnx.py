@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from aiayn.cli import main as cli_main
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.greedy import greedy_search
 from aiayn.errors import UserError
-from aiayn.model.io import load_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import TEXTS, reverser_model_dir
@@ -95,7 +95,7 @@ def test_greedy_search_is_aiayns_token_for_token_and_text_for_text(trained, hf_d
 
 
 def test_what_marian_cannot_hold_is_refused_in_one_line(trained, tmp_path, capsys):
-    from aiayn.model.export_hf import check_exportable
+    from aiayn.export.huggingface import check_exportable
 
     cfg = load_model(trained).cfg
     for change, words in [(dict(norm="pre"), "post-norm"), (dict(positions="learned"), "sinusoids"),
@@ -119,7 +119,7 @@ def test_what_marian_cannot_hold_is_refused_in_one_line(trained, tmp_path, capsy
 
 def test_onnxruntime_greedy_decoding_equals_aiayns(trained, tmp_path, capsys):
     pytest.importorskip("onnxruntime")  # the `onnx` extra (scripts/test.sh)
-    from aiayn.model.export_onnx import OnnxGreedy
+    from aiayn.export.onnx import OnnxGreedy
 
     out = tmp_path / "onnx"
     assert cli_main(["export", "--format", "onnx", "--model", str(trained), "--out", str(out)]) == 0

@@ -16,7 +16,7 @@ import torch
 
 from aiayn.cli import main as cli_main
 from aiayn.config import Config
-from aiayn.model.io import load_model
+from aiayn.data.model_dir import load_model
 from aiayn.special import BOS_ID, EOS_ID
 from aiayn.training import distributed
 from aiayn.training.seq2seq import Seq2SeqTask

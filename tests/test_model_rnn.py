@@ -176,8 +176,8 @@ def rnn_run(tmp_path_factory):
 
 def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
     from aiayn.data.dataset import ParallelDataset
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.common import source_batch
-    from aiayn.model.io import load_model
     from aiayn.training.average import average_checkpoints
     from aiayn.training.checkpoint import list_checkpoints
 
@@ -232,8 +232,8 @@ def test_word_error_rate_against_time(rnn_run, tmp_path):
     """--g2p's metric: a checkpoint's greedy outputs scored as words against their references
     (lower is better, so the comparison looks for the first time at or below the target), and
     the demo corpus's validation words read with all their pronunciations."""
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
-    from aiayn.model.io import load_model
     from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
     from aiayn.training.checkpoint import list_checkpoints
 

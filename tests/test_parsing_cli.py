@@ -61,9 +61,9 @@ def test_evalb_command_prints_the_summary_and_json(tmp_path, aiayn):
 @pytest.fixture(scope="module")
 def parser_model(tmp_path_factory):
     """A random model with a word source vocabulary and a linearized-tree target vocabulary."""
+    from aiayn.data.model_dir import SRC_SPM, TGT_SPM, save_model
     from aiayn.data.tokenizer import train_tokenizers
     from aiayn.model import Transformer
-    from aiayn.model.io import SRC_SPM, TGT_SPM, save_model
 
     d = tmp_path_factory.mktemp("parser")
     words = ["the cat sat on the mat .", "a dog ran in the park", "it ran ."] * 4

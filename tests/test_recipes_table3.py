@@ -207,10 +207,10 @@ def test_rows_measure_what_table3_measures(whole, data):
     `aiayn translate` on the final weights (no averaging)."""
     from aiayn.commands.evaluate import model_perplexity
     from aiayn.data.dataset import ParallelDataset
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
     from aiayn.evaluation.sacre import sacre_bleu
     from aiayn.model.counting import count_parameters
-    from aiayn.model.io import load_model
 
     out, results = whole
     dev = ParallelDataset(data, "valid")

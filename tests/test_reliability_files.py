@@ -20,8 +20,8 @@ from aiayn import checks
 from aiayn.cli import main as cli_main
 from aiayn.config import BASE, Config
 from aiayn.data.dataset import ParallelDataset, ids_file, idx_file, load_dataset_dir
+from aiayn.data.model_dir import load_model, read_config
 from aiayn.errors import UserError
-from aiayn.model.io import load_model, read_config
 from aiayn.presets import load_config
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.trainer import TrainOptions, train

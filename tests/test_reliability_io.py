@@ -17,10 +17,10 @@ import pytest
 
 from aiayn import files, locks
 from aiayn.cli import main as cli_main
+from aiayn.data import model_dir as model_io
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
 from aiayn.errors import OutputError, UserError
-from aiayn.model import io as model_io
 from aiayn.presets import load_config
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.trainer import TrainOptions, train

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator
-from aiayn.model.io import load_model
 from aiayn.serving.app import create_app, key_matches
 from aiayn.serving.engine import Engine
 from aiayn.serving.settings import ServeSettings

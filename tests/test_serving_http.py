@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.model.io import load_model
+from aiayn.data.model_dir import load_model
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
 

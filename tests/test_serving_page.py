@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator
-from aiayn.model.io import load_model
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
 

@@ -12,8 +12,8 @@ import torch
 
 from aiayn import files
 from aiayn.cli import main as cli_main
+from aiayn.data.model_dir import load_model, save_model
 from aiayn.errors import UserError
-from aiayn.model.io import load_model, save_model
 from aiayn.model.transformer import Transformer
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.average import average_checkpoints, average_state_dicts
@@ -86,7 +86,7 @@ def test_average_checkpoints_and_architecture_mismatch(tmp_path, spm, capsys):
 
 def writer(cfg, tokenizers, meta=None):
     """A model directory's files, as the sequence-to-sequence task writes them."""
-    from aiayn.model.io import fill_model_dir
+    from aiayn.data.model_dir import fill_model_dir
 
     return lambda directory, weights: fill_model_dir(directory, weights, cfg, tokenizers, meta or {})
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.cli import main as cli_main
-from aiayn.model.io import load_model
+from aiayn.data.model_dir import load_model
 from aiayn.presets import load_config
 from aiayn.training import seq2seq as seq2seq_module
 from aiayn.training import step as step_module

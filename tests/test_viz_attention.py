@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from aiayn.cli import main as cli
+from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
-from aiayn.model.io import load_model
 from aiayn.viz.figures import alignment_figure, figure_bytes, heatmap_figure, lines_figure, save_figure
 from aiayn.viz.maps import collect_attention
 from aiayn.viz.page import attention_page

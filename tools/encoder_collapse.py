@@ -95,7 +95,7 @@ def cross_entropy_share(model: torch.nn.Module, batch: Batch) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aiayn.model.io import load_model
+    from aiayn.data.model_dir import load_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)

@@ -72,9 +72,9 @@ def output_names(layer: int, head: int | None, formats: list[str]) -> dict[str, 
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from aiayn.data.model_dir import load_model, read_config
     from aiayn.decoding.translate import Translator
     from aiayn.files import atomic_write, check_writable
-    from aiayn.model.io import load_model, read_config
     from aiayn.viz.figures import FORMATS, heatmap_figure, lines_figure, save_all
     from aiayn.viz.maps import KIND_AXES, KIND_TITLES, KINDS, collect_attention
     from aiayn.viz.page import attention_page

@@ -64,7 +64,7 @@ def target_language(args: argparse.Namespace) -> str:
     from pathlib import Path
 
     from aiayn.data.dataset import read_manifest
-    from aiayn.model.io import read_meta
+    from aiayn.data.model_dir import read_meta
 
     if args.lang:
         return args.lang
@@ -190,8 +190,8 @@ def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
     """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory, on
     `device` (None: the GPU when there is one), under `precision`'s autocast (as training's dev
     figures; auto: `aiayn.precision.auto_precision`)."""
+    from aiayn.data.model_dir import load_model
     from aiayn.evaluation.perplexity import perplexity, score_ids
-    from aiayn.model.io import load_model
     from aiayn.training.precision import Precision
 
     where = torch_device(device)

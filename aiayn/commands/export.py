@@ -5,9 +5,9 @@
   ["<s>"]]` for outputs identical to aiayn's greedy search). `pip install 'aiayn[export]'`.
 - huggingface: a `transformers.MarianMTModel` directory with its tokenizer, for
   `from_pretrained`, `generate` and the Hub; greedy output equal to aiayn's token
-  for token (aiayn/model/export_hf.py says what differs). `pip install 'aiayn[huggingface]'`.
+  for token (aiayn/export/huggingface.py says what differs). `pip install 'aiayn[huggingface]'`.
 - onnx: encoder.onnx and decoder.onnx (with the keys and values of past positions as inputs),
-  config.json and the sentencepiece model(s), for onnxruntime (aiayn/model/export_onnx.py;
+  config.json and the sentencepiece model(s), for onnxruntime (aiayn/export/onnx.py;
   `OnnxGreedy` there decodes with them). `pip install 'aiayn[onnx]'`.
 """
 
@@ -54,18 +54,18 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--precision {args.precision}: the {args.format} export stores fp32 "
                         f"weights (quantize in its own runtime)")
     if args.format == "huggingface":
-        from aiayn.model.export_hf import export_huggingface
+        from aiayn.export.huggingface import export_huggingface
 
         out = export_huggingface(args.model, args.out, args.overwrite, args.max_positions)
         print(f"exported {args.model} to Hugging Face (MarianMTModel) in {out}")
         return 0
     if args.format == "onnx":
-        from aiayn.model.export_onnx import export_onnx
+        from aiayn.export.onnx import export_onnx
 
         out = export_onnx(args.model, args.out, args.overwrite, args.max_positions)
         print(f"exported {args.model} to ONNX in {out} (encoder.onnx, decoder.onnx)")
         return 0
-    from aiayn.model.export_ct2 import export_ctranslate2
+    from aiayn.export.ctranslate2 import export_ctranslate2
 
     out = export_ctranslate2(args.model, args.out, quantization=CT2_TYPES[args.precision],
                              overwrite=args.overwrite, max_positions=args.max_positions)

@@ -74,11 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from aiayn.data.model_dir import read_config
     from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
     from aiayn.files import check_writable
-    from aiayn.model.io import read_config
     from aiayn.parsing.chart.files import is_chart_model
     from aiayn.parsing.constrain import TreeVocabulary
 

@@ -122,10 +122,10 @@ def main(args: argparse.Namespace) -> int:
     import contextlib
 
     from aiayn.commands.common import torch_device
+    from aiayn.data.model_dir import load_model
     from aiayn.evaluation.perplexity import score_ids
     from aiayn.files import atomic_write, check_writable
     from aiayn.locks import exclusive_lock
-    from aiayn.model.io import load_model
     from aiayn.training.precision import Precision
 
     check_train_precision(args, "score")

@@ -150,9 +150,9 @@ def _translate(args: argparse.Namespace) -> int:
         raise UserError("--interactive reads the terminal; drop --input")
     if interactive and args.output is not None:
         raise UserError("--interactive writes to the terminal; drop --output")
+    from aiayn.data.model_dir import read_config
     from aiayn.decoding.ensemble import load_models
     from aiayn.decoding.translate import SearchOptions, Translator
-    from aiayn.model.io import read_config
 
     # Every check that needs no model weights comes before the slow work.
     try:

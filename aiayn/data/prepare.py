@@ -75,7 +75,7 @@ from aiayn.data.tokenizer import Tokenizer, train_tokenizers
 from aiayn.errors import OutputError, UserError
 from aiayn.files import atomic_write, publish_dir
 from aiayn.locks import exclusive_lock
-from aiayn.model.io import SHARED_SPM, tokenizer_files, vocabulary_sha256
+from aiayn.data.model_dir import SHARED_SPM, tokenizer_files, vocabulary_sha256
 from aiayn.progress import Progress
 
 CHUNK_PAIRS = 10_000  # pairs per encoding task

@@ -24,9 +24,9 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from aiayn.data.model_dir import LoadedModel, load_model
 from aiayn.decoding.common import decoder_length_cap, decoding_defaults
 from aiayn.errors import UserError
-from aiayn.model.io import LoadedModel, load_model
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Ensemble:
 
 
 def load_models(paths: Sequence[str | os.PathLike], device: str | torch.device = "cpu") -> Any:
-    """One model directory: `aiayn.model.io.load_model`'s `LoadedModel`. Several: one
+    """One model directory: `aiayn.data.model_dir.load_model`'s `LoadedModel`. Several: one
     `LoadedModel` whose model is their `Ensemble`, with the first's tokenizers, config and meta;
     a UserError (one line) when a model's tokenizers differ from the first's."""
     if not paths:

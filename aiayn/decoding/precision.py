@@ -6,7 +6,7 @@
   multiplies bf16 natively (AVX512-BF16, AMX) or on a GPU; emulated, and slow, on an AVX2-only
   CPU.
 - int8: int8 weights and per-row int8 activations in every linear layer and the pre-softmax
-  projection, as CTranslate2's int8 on CPU, plus two refinements (`aiayn.model.int8`): a ReLU's
+  projection, as CTranslate2's int8 on CPU, plus two refinements (`aiayn.decoding.int8`): a ReLU's
   output gets twice the steps and each row's best logits are recomputed in float32; x86 CPUs
   with AVX2 or newer, the Transformer only (the RNN baseline is refused). Not the paper's
   arithmetic, so never the default: outputs may differ from fp32's where two hypotheses score
@@ -33,15 +33,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.decoding import DECODE_PRECISIONS
-from aiayn.decoding.common import model_device
+from aiayn.decoding.common import ROW_MULTIPLE, model_device
+from aiayn.decoding.int8 import (
+    activation_levels,
+    cpu_flags,
+    int8_supported,
+    projection_kernel,
+    quantize_model,
+    replace_linears,
+)
+from aiayn.model.transformer import Transformer
 from aiayn.precision import auto_precision
 
 
 def resolve(precision: str, device: torch.device | str) -> str:
     """`precision` checked for `device` ("auto" chosen for it): ValueError (one line) for an
     unknown name or for int8 where fbgemm's int8 kernels cannot run."""
-    from aiayn.model.int8 import int8_supported
-
     device = torch.device(device)
     if precision not in DECODE_PRECISIONS:
         raise ValueError(f"unknown decoding precision {precision!r}; decoding runs in "
@@ -90,14 +97,6 @@ def convert(model: Any, precision: str) -> Any:
             pad_product_rows(model)
         return model
     if precision == "int8":
-        from aiayn.model.int8 import (
-            activation_levels,
-            cpu_flags,
-            projection_kernel,
-            quantize_model,
-        )
-        from aiayn.model.transformer import Transformer
-
         if not isinstance(model, Transformer):
             arch = getattr(getattr(model, "cfg", None), "arch", type(model).__name__)
             raise ValueError(f"int8 decoding supports the Transformer only, not arch {arch!r}; "
@@ -105,14 +104,6 @@ def convert(model: Any, precision: str) -> Any:
         flags = cpu_flags()
         return quantize_model(model, activation_levels(flags), projection_kernel(flags))
     return model
-
-
-# bf16 products on a CPU run in oneDNN, which builds a kernel for every shape it meets and keeps
-# up to 1,024 of them, and a search's row count changes at nearly every step: padding the rows to
-# a multiple of 32 leaves few shapes, 40% less memory at the same speed with every output
-# equal, while a lone sentence's four beam rows stay cheap to pad (64 saved little more and was a
-# little slower). The measurements: docs/experiments/decoding.md.
-ROW_MULTIPLE = 32
 
 
 class RowPaddedLinear(nn.Module):
@@ -140,9 +131,6 @@ def pad_product_rows(model: nn.Module) -> nn.Module:
     """Make every linear layer of `model` a `RowPaddedLinear`, in place, and the Transformer's
     tied pre-softmax projection (§3.4) one too, reading the target embedding matrix as before.
     For decoding only (the module tree changes; the parameters are the same objects)."""
-    from aiayn.model.int8 import replace_linears
-    from aiayn.model.transformer import Transformer
-
     replace_linears(model, lambda linear: RowPaddedLinear(linear.weight, linear.bias))
     if isinstance(model, Transformer) and model.out_proj is None:
         model.out_proj = RowPaddedLinear(model.target_embedding.weight, None)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from aiayn.data.model_dir import LoadedModel
 from aiayn.decoding import EARLY_STOP_RULES, ROOM_TOKENS
 from aiayn.decoding import precision as decode_precision
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
@@ -37,7 +38,6 @@ from aiayn.decoding.common import (
 )
 from aiayn.decoding.engine import SearchEngine
 from aiayn.errors import UserError
-from aiayn.model.io import LoadedModel
 from aiayn.progress import Progress
 
 DEFAULT_MAX_SRC_TOKENS = 1024
@@ -141,7 +141,7 @@ def _warn_stderr(message: str) -> None:
 
 
 class Translator:
-    """Text translation with a loaded model directory (`aiayn.model.io.load_model`).
+    """Text translation with a loaded model directory (`aiayn.data.model_dir.load_model`).
 
         tr = Translator(load_model("runs/base/model"))
         tr.translate(["A sentence.", ""])          # -> ["Ein Satz.", ""]

@@ -61,7 +61,7 @@ NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
 def _final_model(run_dir: Path, model_dir: Path) -> list[str]:
     """Average the run's newest checkpoints, up to the config's n_average (§6.1), into a plain
     model directory (weights, config, tokenizers; no trainer state). Returns their names."""
-    from aiayn.model.io import read_config
+    from aiayn.data.model_dir import read_config
     from aiayn.training.average import average_checkpoints
     from aiayn.training.checkpoint import list_checkpoints
 
@@ -77,8 +77,8 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
     """Beam-search each word (in fp32, so results compare across machines); WER (no reference
     pronunciation matched) and PER. `device` None: the CPU; `beam_size`, `alpha` None: the
     model's config."""
+    from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
-    from aiayn.model.io import load_model
 
     tr = Translator(load_model(model_dir, device or "cpu"), beam_size=beam_size, alpha=alpha)
     t0 = time.perf_counter()

@@ -227,8 +227,8 @@ def measure(run: Run, run_dir: Path, summary: dict[str, Any], data_dir: str | Pa
     import torch
 
     from aiayn.data.dataset import load_dataset_dir
+    from aiayn.data.model_dir import load_model
     from aiayn.model.counting import count_parameters
-    from aiayn.model.io import load_model
     from aiayn.training.evaluate import dev_bleu
 
     dev_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

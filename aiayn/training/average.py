@@ -13,11 +13,11 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from safetensors.torch import save_file
 
+from aiayn.data.model_dir import WEIGHTS_FILE, read_meta, read_weights
+from aiayn.data.model_dir import read_config as read_seq2seq_config
 from aiayn.errors import UserError
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
-from aiayn.model.io import WEIGHTS_FILE, read_meta, read_weights
-from aiayn.model.io import read_config as read_seq2seq_config
 
 
 class RunningMean:

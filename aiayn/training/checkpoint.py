@@ -4,7 +4,7 @@ Layout of a run directory:
 
     RUN_DIR/
       checkpoints/step_000500/   a model directory (config.json, model.safetensors, spm.model,
-                                 meta.json: see aiayn.model.io) plus trainer_state.pt
+                                 meta.json: see aiayn.data.model_dir) plus trainer_state.pt
       checkpoints/step_001000/   ...the newest `keep`; only the newest keeps its trainer_state.pt
                                  (older ones are kept for averaging, §6.1, which needs weights only)
       best/                      model directory of the checkpoint with the lowest dev loss

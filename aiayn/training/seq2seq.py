@@ -2,7 +2,7 @@
 model (the Transformer, or the RNN baseline) on a dataset made by `aiayn prepare`, its batches of
 similar lengths holding `max_tokens` tokens per side per update (§5.1), the label-smoothed loss
 (§5.4), dev loss, perplexity and greedy BLEU, and model directories that hold the sentencepiece
-model(s) beside the weights (aiayn/model/io.py)."""
+model(s) beside the weights (aiayn/data/model_dir.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch
 from aiayn.config import Config
 from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import load_dataset_dir
+from aiayn.data.model_dir import fill_model_dir, read_config, tokenizer_files, vocabulary_sha256
 from aiayn.errors import UserError
 from aiayn.model.build import build_model
 from aiayn.model.counting import count_parameters, flops_per_target_token
-from aiayn.model.io import fill_model_dir, read_config, tokenizer_files, vocabulary_sha256
 from aiayn.training.evaluate import evaluate
 from aiayn.training.loss import LossSums, label_smoothed_loss
 

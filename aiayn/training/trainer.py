@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from aiayn.data.model_dir import load_state_checked, read_weights
 from aiayn.errors import OutputError, UserError
 from aiayn.files import atomic_write
 from aiayn.locks import exclusive_lock
 from aiayn.memory import allocator_in_use
-from aiayn.model.io import load_state_checked, read_weights
 from aiayn.progress import Progress
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import distributed as dist_

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import save_file
 
 from aiayn.checks import read_json
+from aiayn.data.model_dir import CONFIG_FILE, META_FILE, WEIGHTS_FILE, load_state_checked, read_weights
 from aiayn.errors import UserError
-from aiayn.model.io import CONFIG_FILE, META_FILE, WEIGHTS_FILE, load_state_checked, read_weights
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.data import Vocabulary
 from aiayn.parsing.chart.model import SpanParser, char_ids, encode, model_words

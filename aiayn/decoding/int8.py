@@ -69,8 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.decoding.common import row_topk
-from aiayn.decoding.precision import ROW_MULTIPLE
+from aiayn.decoding.common import ROW_MULTIPLE, row_topk
 from aiayn.model.layers import FeedForward
 
 WEIGHT_LEVELS = 127  # int8 weights: [-127, 127], symmetric

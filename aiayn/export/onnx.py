@@ -36,11 +36,11 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import Config
+from aiayn.data.model_dir import CONFIG_FILE, load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.model.embedding import sinusoidal_table
-from aiayn.model.io import CONFIG_FILE, load_model, read_config, tokenizer_files
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aiayn.config import Config
+from aiayn.data.model_dir import load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
-from aiayn.model.io import load_model, read_config, tokenizer_files
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Rows of the sinusoid table when the caller gives none: a source of 1024 tokens (aiayn

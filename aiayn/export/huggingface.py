@@ -36,10 +36,10 @@ from typing import Any
 import torch
 
 from aiayn.config import Config
+from aiayn.data.model_dir import load_model, read_config
 from aiayn.errors import UserError
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
-from aiayn.model.io import load_model, read_config
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024  # Marian's position table; aiayn's sinusoids have no limit
