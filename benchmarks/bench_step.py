@@ -4,10 +4,10 @@ Variants, each a full update (forward, label-smoothed loss, backward, Adam) of o
   reference   torch's F.dropout, the textbook loss (float32 log-softmax over (N, V), gather,
               mean) and PyTorch's own attention kernel choice (its fused flash kernel on a
               CPU): what the step cost before the fast paths;
-  +dropout    aiayn's dropout mask from 64-bit random words (aiayn/model/dropout.py);
+  +dropout    aiayn's dropout mask from 64-bit random words (aiayn/kernels/dropout.py);
   +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py);
   +attention  ...and PyTorch's unfused (math) SDPA kernel where aiayn's rule
-              (aiayn/model/attention.py `unfused_training`) says unfused: what `aiayn train`
+              (aiayn/kernels/attention.py `unfused_training`) says unfused: what `aiayn train`
               ran before its own written-out attention;
   +softmax    ...and that attention written out with its own float32 softmax
               (`training_attention`): the default step, what `aiayn train` runs.
@@ -15,7 +15,7 @@ Variants alternate step by step (reference, +dropout, +loss, ..., reference, ...
 drift of the machine's speed hits them alike; each gets the same batches and the same starting
 weights. Prints target tokens/s per variant and the ratios to the reference and to the row above.
 
-    .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset translation-small
+    .venv/bin/python benchmarks/bench_step.py --data runs/multi30k-en-de/data --preset translation-tiny-v2
     .venv/bin/python benchmarks/bench_step.py --preset translation-small-v2 --precision fp32  # synthetic
     .venv/bin/python benchmarks/bench_step.py --data runs/g2p-demo/data --preset g2p-small-v2  # the demo's
 
@@ -47,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 from bench_batching import SyntheticDataset  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+import aiayn.kernels.attention as kernel_attention  # noqa: E402
 import aiayn.model.attention as attention_module  # noqa: E402
 import aiayn.model.layers as layers_module  # noqa: E402
 import aiayn.model.transformer as transformer_module  # noqa: E402
@@ -88,11 +89,11 @@ def sdpa_math(q, k, v, mask, is_causal, dropout_p):
 @contextlib.contextmanager
 def variant(name: str):
     """Swap the fast paths for the reference ones where the model and updater look them up."""
-    saved = (layers_module.dropout, transformer_module.dropout, attention_module.dropout,
+    saved = (layers_module.dropout, transformer_module.dropout, kernel_attention.dropout,
              seq2seq_module.label_smoothed_loss, attention_module.unfused_training,
              attention_module.training_attention)
     if name == "reference":
-        layers_module.dropout = transformer_module.dropout = attention_module.dropout = torch_dropout
+        layers_module.dropout = transformer_module.dropout = kernel_attention.dropout = torch_dropout
     if name in ("reference", "+dropout"):
         seq2seq_module.label_smoothed_loss = textbook_loss
     if name in ("reference", "+dropout", "+loss"):  # PyTorch's own (flash) kernel at every length
@@ -102,7 +103,7 @@ def variant(name: str):
     try:
         yield
     finally:
-        (layers_module.dropout, transformer_module.dropout, attention_module.dropout,
+        (layers_module.dropout, transformer_module.dropout, kernel_attention.dropout,
          seq2seq_module.label_smoothed_loss, attention_module.unfused_training,
          attention_module.training_attention) = saved
 
@@ -111,7 +112,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a dataset made by aiayn prepare (default: synthetic Multi30k-like)")
-    p.add_argument("--preset", default="translation-small")
+    p.add_argument("--preset", default="translation-tiny-v2")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
     p.add_argument("--max-tokens", type=int, default=4096)

@@ -85,7 +85,7 @@ def test_search_chooses_the_attention_kernels_for_its_device(loaded, monkeypatch
     import torch
 
     from aiayn.decoding import engine
-    from aiayn.model.attention import decoding_kernels
+    from aiayn.kernels.attention import decoding_kernels
 
     cuda = torch.backends.cuda
     with decoding_kernels(torch.device("cuda")):

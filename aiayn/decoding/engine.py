@@ -42,7 +42,7 @@ from aiayn.decoding.common import (
     source_batch,
     source_width,
 )
-from aiayn.model.attention import decoding_kernels
+from aiayn.kernels.attention import decoding_kernels
 
 # A constraint for the sentences joining now: (their keys, device) -> a `StepConstraint` with one
 # row per sentence (e.g. `aiayn.parsing.constrain`'s tree constraint)

@@ -1,22 +1,21 @@
 """Scaled dot-product attention and multi-head attention (§3.2).
 
 Masks are boolean and mean "may attend" (True = allowed), as in
-`torch.nn.functional.scaled_dot_product_attention`.
+`torch.nn.functional.scaled_dot_product_attention`. Which kernel computes Eq. 1 in a CPU training
+or decoding step (PyTorch's fused one, or Eq. 1 written out) is `aiayn.kernels.attention`'s choice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.config import Config
+from aiayn.kernels.attention import training_attention, unfused_training
 from aiayn.model.banded import Band, banded_attention
-from aiayn.model.dropout import dropout
 
 
 def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -49,88 +48,6 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
 def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
     """(t, t) bool, True where key j <= query i: the decoder may not look ahead (§3.2.3)."""
     return torch.ones(t, t, dtype=torch.bool, device=device).tril()
-
-
-_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-# Longest key sequence for which unfused attention trains faster on a CPU in float32. Measured
-# with PyTorch's math kernel (what ran before `training_attention`), forward + backward on a
-# 2-core Xeon Skylake-SP (docs/experiments/performance.md):
-# 1.4-1.8x faster than the flash kernel at 9-35 keys (G2P words, Multi30k sentences), about even
-# at 64, 1.5x faster at 128 and 1.7x slower at 256, where the (B, h, T, S) weights outgrow cache.
-MATH_MAX_KEYS_FP32 = 128
-
-
-def unfused_training(q: Tensor, k: Tensor) -> bool:
-    """Whether a training step's attention (gradients on, CPU) is Eq. 1 written out
-    (`training_attention`) instead of PyTorch's fused (flash) kernel: the flash kernel's blocking
-    and its backward's recomputation cost more than they save for the short sequences of
-    translation batches. Always in bf16 (measured 1.6x slower per training step fused than
-    unfused); in float32 up to `MATH_MAX_KEYS_FP32` keys. Same mathematics, rounding aside."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled():
-        return False
-    bf16 = q.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
-                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16)
-    return bf16 or k.size(-2) <= MATH_MAX_KEYS_FP32
-
-
-class _RowSoftmax(torch.autograd.Function):
-    """softmax over the last dim, computed in float32 as whole-tensor passes (max, exp, sum,
-    divide) with its own backward, y * (g - sum(g * y)); the weights come out in the scores'
-    dtype (bf16 under autocast, as the product with V takes them). Hand-written because PyTorch's
-    CPU softmax kernel is slow on rows as short as a training step's (9-26 keys for Multi30k and
-    G2P), and its unfused SDPA kernel, which ran here before, adds a check for fully masked rows
-    and float32 copies under bf16 autocast: a training step in bf16 runs 1.10x faster with this
-    path than with that kernel (`translation-tiny-v2`; `g2p-small-v2` 1.22-1.27x), level in
-    float32 (benchmarks/bench_step.py, docs/experiments/performance.md). A fully masked row gets
-    weights 0, as SDPA gives it."""
-
-    @staticmethod
-    def forward(ctx, scores: Tensor) -> Tensor:
-        x = scores.float()
-        # A fully masked row has max -inf; clamping it keeps exp(-inf - max) at 0, not NaN.
-        e = (x - x.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).min)).exp_()
-        y = e.div_(e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny))
-        ctx.save_for_backward(y)  # float32: the backward's products in full precision
-        return y.to(scores.dtype)
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> Tensor:
-        (y,) = ctx.saved_tensors
-        gf = g.float()
-        return (y * (gf - (gf * y).sum(dim=-1, keepdim=True))).to(g.dtype)
-
-
-def training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                       dropout_p: float) -> Tensor:
-    """Eq. 1 for a CPU training step with short keys (where `unfused_training` says so): the
-    products in the autocast dtype, the softmax computed in float32 (`_RowSoftmax`), aiayn's
-    dropout on the weights. Shapes as `explicit_attention`; returns (B, h, T, d_v)."""
-    if is_causal and mask is None:
-        mask = causal_mask(q.size(-2), q.device)
-    w = dropout(_RowSoftmax.apply(masked_scores(q, k, mask)), dropout_p, True)  # (B, h, T, S)
-    return w @ v  # (B, h, T, d_v)
-
-
-def decoding_kernels(device: torch.device):
-    """The attention kernels for incremental decoding on `device`, as a context around a whole
-    search (entering one per attention call costs more host time than a GPU decoding step takes).
-    On a GPU, PyTorch's default choice in bf16 is cuDNN's attention, which builds a plan for every
-    new shape, and incremental decoding makes a new shape at every step (one more key, fewer rows
-    as sentences finish): `aiayn translate --precision bf16` took 47 s for Multi30k's test set on
-    one H100 with it and 10.5 s without (benchmarks/gpu_decode.py measures both). Elsewhere:
-    PyTorch's choice."""
-    return sdpa_kernel(_NO_CUDNN) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def unfused_decoding(q: Tensor) -> bool:
-    """Whether a decoding step attends with Eq. 1 written out (`explicit_attention`) instead of
-    the fused kernel: on CPU in float32, where the fused (flash) kernel's blocking costs more than
-    it saves for the one query per row of a decoding step (its keys are the few positions decoded
-    so far, or a sentence's source for its k beams): 25-35% less time per call at Multi30k's
-    decoding shapes (docs/experiments/decoding.md). The fused kernel everywhere else (GPU, bf16)."""
-    return q.device.type == "cpu" and q.dtype == torch.float32
 
 
 class MultiHeadAttention(nn.Module):

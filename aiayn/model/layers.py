@@ -7,10 +7,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.model.attention import MultiHeadAttention, attention_weights, unfused_decoding
+from aiayn.kernels.attention import unfused_decoding
+from aiayn.kernels.dropout import dropout
+from aiayn.model.attention import MultiHeadAttention, attention_weights
 from aiayn.model.banded import Band
 from aiayn.model.cache import CacheCohorts, KVCache
-from aiayn.model.dropout import dropout
 
 
 class FeedForward(nn.Module):

@@ -36,8 +36,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from aiayn.config import Config
+from aiayn.kernels.dropout import dropout
 from aiayn.model.cache import source_rows
-from aiayn.model.dropout import dropout
 from aiayn.special import PAD_ID
 
 

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import Config
+from aiayn.kernels.dropout import dropout
 from aiayn.model.banded import Band
 from aiayn.model.cache import GROW, CacheCohorts, KVCache
-from aiayn.model.dropout import dropout, word_dropout
+from aiayn.model.dropout import word_dropout
 from aiayn.model.embedding import LearnedPositions, ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.special import PAD_ID

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.model.dropout import dropout, word_dropout
+from aiayn.kernels.dropout import dropout
+from aiayn.model.dropout import word_dropout
 from aiayn.model.embedding import ScaledEmbedding, SinusoidalPositions
 from aiayn.model.layers import EncoderLayer
 from aiayn.parsing.chart.config import ChartConfig
