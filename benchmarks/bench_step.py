@@ -5,7 +5,7 @@ Variants, each a full update (forward, label-smoothed loss, backward, Adam) of o
               mean) and PyTorch's own attention kernel choice (its fused flash kernel on a
               CPU): what the step cost before the fast paths;
   +dropout    aiayn's dropout mask from 64-bit random words (aiayn/kernels/dropout.py);
-  +loss       ...and the fused, chunked label-smoothed loss (aiayn/training/loss.py);
+  +loss       ...and the fused, chunked label-smoothed loss (aiayn/kernels/loss.py);
   +attention  ...and PyTorch's unfused (math) SDPA kernel where aiayn's rule
               (aiayn/kernels/attention.py `unfused_training`) says unfused: what `aiayn train`
               ran before its own written-out attention;
@@ -53,11 +53,12 @@ import aiayn.model.layers as layers_module  # noqa: E402
 import aiayn.model.transformer as transformer_module  # noqa: E402
 import aiayn.training.seq2seq as seq2seq_module  # noqa: E402
 from aiayn.data.batching import TokenBatchSampler, collate  # noqa: E402
+from aiayn.kernels.loss import NEVER_TARGET  # noqa: E402
 from aiayn.model.transformer import Transformer  # noqa: E402
 from aiayn.presets import get_preset  # noqa: E402
 from aiayn.special import PAD_ID  # noqa: E402
 from aiayn.training.distributed import DistEnv  # noqa: E402
-from aiayn.training.loss import NEVER_TARGET, LossSums  # noqa: E402
+from aiayn.training.loss import LossSums  # noqa: E402
 from aiayn.training.precision import Precision  # noqa: E402
 from aiayn.training.schedule import build_optimizer  # noqa: E402
 from aiayn.training.step import Updater  # noqa: E402

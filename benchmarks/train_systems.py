@@ -529,8 +529,8 @@ def main() -> int:
     if a.eager_loss:
         if a.system != "aiayn" or a.device != "cuda":
             p.error("--eager-loss is for --system aiayn --device cuda (elsewhere the loss is eager already)")
-        from aiayn.training import loss as loss_module
-        loss_module.fused_on = lambda _logits: False
+        from aiayn.kernels import loss as loss_kernel
+        loss_kernel.fused_on = lambda _logits: False
     torch.set_num_threads(a.threads)
     cfg = replace(workload.model_config(a.config), vocab_size=a.vocab)
     batches = [b.to(DEVICE) for b in workload.training_batches(

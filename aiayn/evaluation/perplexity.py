@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from aiayn.data.batching import collate, length_batches
+from aiayn.kernels.loss import token_losses
 from aiayn.special import PAD_ID
-from aiayn.training.loss import token_losses
 
 
 def _device_of(model: Any):
