@@ -21,8 +21,7 @@ by fbgemm's fused quantize-and-pack, with fixed quantization parameters
 (`quantized::linear_with_input_q_dq_qweight_dq_output_fp32`); the int32 sums come back as float32,
 are multiplied by max|x_i| and the bias is added. One scale per row makes a row's result
 independent of the other rows of its batch, so a sentence translates the same alone as in any
-batch; PyTorch's dynamic quantization (`quantized::linear_dynamic`) takes one scale for the whole
-batch, which would not.
+batch (which PyTorch's one scale per tensor, above, would not).
 
 Why 63 levels, not 127, on most CPUs: fbgemm's AVX2 and plain AVX-512 kernels multiply uint8
 activations by int8 weights with `vpmaddubsw`, which adds pairs of products in int16 and saturates
@@ -38,9 +37,9 @@ pair sums stay exact: 2 * 126 * 127 < 32767 on AVX2, 254 * 127 in int32 with VNN
 The pre-softmax projection (§3.4) is the one product whose few largest outputs decide the
 search: `Int8Projection` computes every logit in int8, then recomputes each row's `RESCORED`
 largest in float32 from the unquantized matrix (the candidates the beam picks among). With the
-ReLU rows' extra bit, that moves the model's most likely next token on a fifth to a quarter fewer
-reference positions than int8 everywhere, about as often as bf16 does
-(`benchmarks/precision_fidelity.py`, docs/experiments/decoding.md). The embedding lookups stay
+ReLU rows' extra bit, that moves the model's most likely next token less often than int8
+everywhere, about as often as bf16 does (`benchmarks/precision_fidelity.py`, measured in
+docs/experiments/decoding.md). The embedding lookups stay
 float32 (a tied model's read that same matrix): a lookup is a copy with no arithmetic to save,
 and an int8 copy of the table would add its own error (float32 costs 3 bytes a weight more).
 
@@ -49,14 +48,12 @@ int8 matmul (`torch.ops.onednn.qlinear_pointwise`, the kernel of PyTorch's own x
 inference, on AMX tiles where the CPU has them) takes activations quantized here by the same rule,
 uint8 with the same zero point and step. Both sum the integer products exactly, so they differ
 only in the float32 rounding of the scaling. oneDNN is the pre-softmax projection's kernel where
-the CPU has AVX512-VNNI (`projection_kernel`): for its wide output (V columns) it took 0.66
-against fbgemm's 0.91 ms on (256, 128) x (128, 8,000), and 0.36 against 0.65 s of a beam search
-of Multi30k's test set, both kernels timed on every call (`benchmarks/int8_kernels.py`); on the
-narrow products of the layers (d_model or d_ff columns) fbgemm was faster (50 against 84 us on
-(256, 128) x (128, 128)), and they stay on it (2 threads, EPYC Zen 5;
-docs/experiments/decoding.md). On AVX2 alone the projection stays on fbgemm, the kernel measured
-there. oneDNN's rows are padded to a multiple of `ROW_MULTIPLE` above that many, as bf16's are,
-since it keeps a kernel for every row count it meets.
+the CPU has AVX512-VNNI (`projection_kernel`): it costs more per call than fbgemm, which only
+the projection's wide output (V columns) repays; on the narrow products of the layers (d_model
+or d_ff columns) fbgemm was faster, and they stay on it (`benchmarks/int8_kernels.py` times both
+kernels on every call; measured in docs/experiments/decoding.md). On AVX2 alone the projection
+stays on fbgemm, the kernel measured there. oneDNN's rows are padded to a multiple of
+`ROW_MULTIPLE` above that many, as bf16's are, since it keeps a kernel for every row count it meets.
 """
 
 from __future__ import annotations
@@ -143,8 +140,8 @@ def row_absmax(x: Tensor) -> Tensor:
     zeros then stays zeros instead of becoming NaN): (..., K) -> (..., 1).
 
     `abs` then `amax`, not `torch.linalg.vector_norm(x, inf)`, the same value: on CPU the norm
-    takes 7-13x as long ((200, 512): 202 against 28 us; (1,500, 512): 1,355 against 107 us; 2
-    threads, AVX2 EPYC), 11% of an int8 BASE beam search (docs/experiments/decoding.md)."""
+    takes several times as long, a noticeable share of an int8 beam search (measured in
+    docs/experiments/decoding.md)."""
     s = x.abs().amax(dim=-1, keepdim=True)
     return s.clamp_(min=torch.finfo(torch.float32).tiny)
 
