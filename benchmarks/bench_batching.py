@@ -7,7 +7,7 @@ Prints, per max_tokens budget, the batch count, padding fraction and millisecond
 planning and for collating, and, with `--step-preset`, that cost as a share of one training step
 (forward, label-smoothed loss, backward, Adam) of that preset on the same batches (target: < 2%).
 
-    .venv/bin/python benchmarks/bench_batching.py --step-preset multi30k --max-tokens 4096
+    .venv/bin/python benchmarks/bench_batching.py --step-preset translation-tiny-v2 --max-tokens 4096
     .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
     .venv/bin/python benchmarks/bench_batching.py --plan-only --pairs 10000000   # start-up at scale
 
@@ -69,7 +69,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3, help="epochs to time, best one reported (default 3)")
     p.add_argument("--world-size", type=int, default=1, help="ranks to split among (rank 0 timed)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-preset", help="also time training steps of this preset (e.g. multi30k) "
+    p.add_argument("--step-preset", help="also time training steps of this preset (e.g. translation-tiny-v2) "
                    "and print batching's share of a step")
     p.add_argument("--steps", type=int, default=5, help="training steps timed (default 5)")
     p.add_argument("--plan-only", action="store_true",

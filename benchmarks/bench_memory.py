@@ -6,7 +6,7 @@ variant, training target tokens/s, minor page faults per update and peak RSS, an
 glibc's defaults.
 
     .venv/bin/python benchmarks/bench_memory.py --data runs/multi30k-en-de/data --minutes 1.5
-    .venv/bin/python benchmarks/bench_memory.py --data DIR --preset tiny --repeats 3
+    .venv/bin/python benchmarks/bench_memory.py --data DIR --preset translation-small-v2 --repeats 3
 
 Each run is a fresh process (the settings must precede torch's first allocation), with no dev
 evaluation and no checkpoint until the end. Over a whole run, compare the tokens/s of two runs'
@@ -54,7 +54,7 @@ def one_run(data: str, preset: str, minutes: float, variant: str, out: Path) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="a dataset made by aiayn prepare")
-    p.add_argument("--preset", default="multi30k-v2")
+    p.add_argument("--preset", default="translation-tiny-v2")
     p.add_argument("--minutes", type=float, default=1.5, help="training time per run (default 1.5)")
     p.add_argument("--repeats", type=int, default=2, help="runs per variant (default 2)")
     args = p.parse_args()

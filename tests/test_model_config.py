@@ -58,28 +58,26 @@ def test_config_py_holds_only_the_papers_presets_and_recipes_keep_theirs():
     assert {n for n in RECIPES if not n.startswith("table3")} == current - {"table3"}
 
 
-# Each current preset's fields, pinned: a name never silently changes meaning. (Deltas from the
-# paper's base; the chart parser's from ChartConfig's defaults.)
+# Each current preset's fields, pinned: a name never silently changes meaning. Each is a delta of
+# a paper preset (base, unless PARENTS names another; the chart parser's from ChartConfig's
+# defaults), and the delta lists exactly the fields that differ from it.
 _SMALL = dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.3, warmup_steps=1000,
               max_tokens=4096)
 _PARSING = dict(n_layers=4, d_model=1024, beam_size=21, alpha=0.3, max_len_b=300)
+PARENTS = {"parsing-seq2seq-small": "parsing"}
 CURRENT_FIELDS = {
-    "translation-tiny-v2": dict(_SMALL, n_layers=4, d_model=128, d_ff=256, norm="pre", warmup_steps=1000,
-                                lr_scale=2.0, p_drop=0.3, alpha=1.5, lr_cooldown=0.2),
-    "translation-tiny": dict(_SMALL, n_layers=4, d_model=128, d_ff=256, norm="pre", warmup_steps=400,
-                             p_drop=0.3, alpha=1.5, lr_cooldown=0.2),
-    "translation-small-v2": dict(_SMALL, norm="pre", warmup_steps=400, p_drop=0.2, alpha=1.5,
-                                 lr_cooldown=0.2),
-    "translation-small": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
+    "translation-tiny-v2": dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, p_drop=0.3, norm="pre",
+                                warmup_steps=1000, lr_scale=2.0, max_tokens=4096, alpha=1.5,
+                                lr_cooldown=0.2),
+    "translation-small-v2": dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4, p_drop=0.2, norm="pre",
+                                 warmup_steps=400, max_tokens=4096, alpha=1.5, lr_cooldown=0.2),
     "translation-small-rnn": dict(arch="rnn", rnn_emb=256, rnn_hidden=256, rnn_attn=256, p_drop=0.3,
                                   warmup_steps=200, max_tokens=4096, lr_cooldown=0.2),
     "g2p-small-v2": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
                          max_tokens=4000, max_len_b=10, lr_cooldown=0.2, norm="pre", p_drop=0.0),
-    "g2p-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
-                      max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
-    "g2p-small-rnn": dict(arch="rnn", rnn_emb=128, rnn_hidden=256, rnn_attn=256, p_drop=0.1,
+    "g2p-small-rnn": dict(arch="rnn", rnn_emb=128, rnn_hidden=256, rnn_attn=256,
                           warmup_steps=200, max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
-    "parsing-seq2seq-small": dict(_PARSING, n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,
+    "parsing-seq2seq-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, p_drop=0.15,
                                   p_word_drop=0.1, norm="pre", warmup_steps=500, max_tokens=2048,
                                   lr_cooldown=0.2),
     "parsing-chart-small": dict(n_layers=4, d_model=128, d_ff=512, n_heads=4, p_drop=0.2,
@@ -93,18 +91,47 @@ CURRENT_FIELDS = {
 
 
 @pytest.mark.parametrize("name", sorted(CURRENT_FIELDS))
-def test_each_current_preset_has_its_pinned_fields(name):
+def test_each_current_preset_is_its_pinned_delta_of_a_paper_preset(name):
     from aiayn.parsing.chart.config import ChartConfig
 
     got = get_preset(name)
     if isinstance(got, ChartConfig):
         assert got.to_dict() == CURRENT_FIELDS[name]
-    else:
-        assert got == replace(BASE, **CURRENT_FIELDS[name])
+        return
+    parent = PRESETS[PARENTS.get(name, "base")]
+    assert got == replace(parent, **CURRENT_FIELDS[name])
+    # the delta names only fields that differ from the parent: it says what the preset changes
+    assert all(getattr(parent, k) != v for k, v in CURRENT_FIELDS[name].items()), name
+
+
+def test_one_current_preset_per_task_and_size():
+    import re
+
+    from aiayn.presets import CURRENT
+
+    # a recipe's name is its task and size, then -vN for a later version, -rnn for the RNN baseline
+    shape = re.compile(r"(?P<kind>.+-(?P<size>tiny|small))(?:-v[0-9]+)?(?P<rnn>-rnn)?")
+    seen = set()
+    for task in CURRENT.values():
+        for name, what in task.items():
+            if name == "table3":  # the study's base; its rows are table3-ROW
+                continue
+            m = shape.fullmatch(name)
+            assert m, name
+            kind = (m["kind"], m["rnn"])
+            assert kind not in seen, f"two current presets for {kind}"
+            seen.add(kind)
+            # `aiayn info --list` says the size first, so a user sees which to pick
+            assert what.startswith(m["size"]), (name, what)
 
 
 # The settings each retired name had (deltas from the paper's base), as it was defined.
 RETIRED_FIELDS = {
+    "translation-tiny": dict(_SMALL, n_layers=4, d_model=128, d_ff=256, norm="pre", warmup_steps=400,
+                             p_drop=0.3, alpha=1.5, lr_cooldown=0.2),
+    "translation-small": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
+    "g2p-small": dict(n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
+                      max_tokens=4000, max_len_b=10, lr_cooldown=0.2),
     "multi30k": _SMALL,
     "multi30k-v2": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5),
     "multi30k-v3": dict(_SMALL, p_attn_drop=0.1, p_ffn_drop=0.1, alpha=1.5, lr_cooldown=0.2),
@@ -136,7 +163,7 @@ RETIRED_FIELDS = {
 @pytest.mark.parametrize("name", sorted(RETIRED_FIELDS))
 def test_a_retired_preset_fails_naming_a_successor_with_the_same_settings(name, capsys):
     from aiayn.cli import main as cli_main
-    from aiayn.presets import RETIRED
+    from aiayn.presets import CURRENT, RETIRED
 
     with pytest.raises(UserError, match=f"preset '{name}' was retired; use `--preset"):
         load_config(name)
@@ -144,6 +171,8 @@ def test_a_retired_preset_fails_naming_a_successor_with_the_same_settings(name, 
     successor = RETIRED[name].split("`")[1].split()
     preset = successor[1]
     overrides = successor[3:] if "--set" in successor else []
+    # ... on a current preset or a paper one, never another retired or earlier name
+    assert preset in {n for task in CURRENT.values() for n in task} | set(PRESETS)
     assert load_config(preset, overrides=overrides) == replace(BASE, **RETIRED_FIELDS[name])
     # and the command line says so in one line
     assert cli_main(["info", "--preset", name]) == 2

@@ -45,7 +45,7 @@ def test_corpus_keeps_a_words_pronunciations_together(tmp_path):
 
 def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     out = tmp_path / "demo"
-    env_cmd = [sys.executable, "-m", "aiayn", "demo", "--out", str(out), "--preset", "g2p-small", "--set", "n_layers=1", "d_model=32", "d_ff=64",
+    env_cmd = [sys.executable, "-m", "aiayn", "demo", "--out", str(out), "--preset", "g2p-small-v2", "--set", "n_layers=1", "d_model=32", "d_ff=64",
                "--time-budget", "0.05", "--max-train-words", "400", "--n-valid", "20", "--n-test",
                "30", "--threads", "1", "--no-progress", "--json"]
     r = subprocess.run(env_cmd, capture_output=True, text=True)
@@ -64,11 +64,12 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     lines = t.stdout.split("\n")[:3]
     assert lines[1] == "" and all(tok.isupper() for tok in lines[0].split())
     # a second run reuses the trained model instead of training again, and reports the preset it
-    # was trained with, not the default it was called with this time
-    again = env_cmd[:env_cmd.index("--preset")] + env_cmd[env_cmd.index("--time-budget"):]
+    # was trained with, not the one it was called with this time
+    again = (env_cmd[:env_cmd.index("--preset")] + ["--preset", "g2p-small-rnn"]
+             + env_cmd[env_cmd.index("--time-budget"):])
     r2 = subprocess.run(again, capture_output=True, text=True)
     assert r2.returncode == 0 and "reusing the trained model" in r2.stderr
-    assert json.loads(r2.stdout)["preset"] == "g2p-small" and "(preset g2p-small;" in r2.stderr
+    assert json.loads(r2.stdout)["preset"] == "g2p-small-v2" and "(preset g2p-small-v2;" in r2.stderr
 
 
 def _options_reaching_training(tmp_path, monkeypatch, runs: dict[str, dict]) -> list:

@@ -14,7 +14,7 @@ from aiayn.commands.common import set_examples
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     set_examples(p, "aiayn info --list", "aiayn info --preset big",
-                 "aiayn info --preset translation-small --vocab-size 8000 --json")
+                 "aiayn info --preset translation-tiny-v2 --vocab-size 8000 --json")
     p.add_argument("--preset", default="base", help="preset name (default: base); see --list")
     p.add_argument("--config", help="JSON file of config fields applied over the preset")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="config overrides")
@@ -70,11 +70,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 def format_preset_list() -> str:
-    """The presets to use, a line each by task, then the paper's (aiayn/presets.py)."""
+    """The current presets, one per task and size, a line each, then the paper's
+    (aiayn/presets.py)."""
     from aiayn.config import PRESETS
     from aiayn.presets import CURRENT
 
-    lines = ["Presets by task (the first of each is the one to use; aiayn/recipes/):"]
+    lines = ["Presets by task, one per size (aiayn/recipes/; `--set NAME=VALUE` changes a field):"]
     width = max(len(n) for names in CURRENT.values() for n in names)
     for task, names in CURRENT.items():
         lines.append(f"  {task}")
@@ -83,6 +84,8 @@ def format_preset_list() -> str:
                  "dropout), parsing (§6.3), and Table 3's rows:")
     rows = [n for n in PRESETS if n not in ("base", "big", "big-enfr", "parsing")]
     lines.append("    " + " ".join(rows))
+    lines.append("A retired name fails with its exact successor, a preset above and `--set` "
+                 "(docs/reference/cli.md#presets).")
     return "\n".join(lines)
 
 

@@ -27,32 +27,27 @@ from aiayn.evaluation.g2p import phoneme_error_rate, word_error_rate
 from aiayn.files import atomic_write
 from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
 
-# The demo's first model (`g2p-small`): 3+3 layers of width 128, the rate falling linearly to 0
-# over the run's last 20%, chosen by runs scored on the validation words (docs/experiments/g2p.md):
-# at a few minutes' budget on the Xeon with AMX, d_model 128 beats 256 (more epochs) and, post-norm,
-# p_drop 0.1 beats 0.0. A pronunciation is rarely
-# more than a few symbols longer than its spelling, so outputs stop at +10, not +50.
-G2P_SMALL = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, warmup_steps=400,
-                    max_tokens=4000, max_len_b=10, lr_cooldown=0.2)
-
-# The demo's model since 2026-11-27: the same, with pre-norm blocks and no residual dropout. On a
-# 2-core Xeon Skylake-SP (fp32), chosen on the validation words: 37.6% WER against 45.5% in the
-# demo's 7.5 minutes, 26.65% against 33.0% in 30 (the model underfits the 117K words in that time,
-# and dropout's masks cost 13-24% of its step). It beats `g2p-small` in the demo's 7.5 minutes on
-# an AVX2 EPYC too; not yet measured on the AMX Xeon, where `g2p-small` was chosen
-# (docs/experiments/g2p.md).
-G2P_SMALL_V2 = replace(G2P_SMALL, norm="pre", p_drop=0.0)
+# The demo's model (size "small"): the base model at 3+3 layers of width 128 (in the demo's minutes
+# more epochs pay more than width 256), pre-norm blocks and no residual dropout (the model
+# underfits CMUdict's ~117K words in that time, and dropout's masks cost time each step), a
+# warmup fit for a run of a few thousand updates and the rate falling linearly to 0 over the run's
+# last 20%. A pronunciation is rarely more than a few symbols longer than its spelling, so outputs
+# stop at +10, not +50. Chosen on the validation words; the runs, their machines and scores:
+# docs/experiments/g2p.md.
+G2P_SMALL_V2 = replace(BASE, n_layers=3, d_model=128, d_ff=512, n_heads=4, norm="pre", p_drop=0.0,
+                       warmup_steps=400, max_tokens=4000, max_len_b=10, lr_cooldown=0.2)
 
 # Not the paper's model: the RNN encoder-decoder baseline (Bahdanau et al. 2015, `arch="rnn"`,
 # aiayn.model.rnn) for the demo's data, to compare against at the same budget (Table 1's question
 # on this task; docs/experiments/rnn-vs-transformer.md). Its rate and warmup are those of the
 # translation recipe's RNN (a 3.1e-3 peak after 200 updates: Eq. 3 scales by d_model^-0.5, and
 # d_model, 512 here, is otherwise unused), its update size, output limit and cooldown the demo's,
-# its dropout `g2p-small`'s; embeddings of 128 like the Transformer's, 256 GRU units.
+# and the paper's P_drop 0.1; embeddings of 128 like the Transformer's, 256 GRU units.
 G2P_SMALL_RNN = replace(BASE, arch="rnn", rnn_emb=128, rnn_hidden=256, rnn_attn=256, p_drop=0.1,
                         warmup_steps=200, max_tokens=4000, max_len_b=10, lr_cooldown=0.2)
 
-PRESETS = {"g2p-small-v2": G2P_SMALL_V2, "g2p-small": G2P_SMALL, "g2p-small-rnn": G2P_SMALL_RNN}
+# One preset per size; the names they replaced are in aiayn/presets.py's RETIRED.
+PRESETS = {"g2p-small-v2": G2P_SMALL_V2, "g2p-small-rnn": G2P_SMALL_RNN}
 
 # Words not in CMUdict, to show the model generalising.
 NOVEL_WORDS = ["vaswani", "sentencepiece", "pytorch", "tokenizer", "aiayn"]
