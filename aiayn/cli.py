@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "translate over HTTP: an API with continuous batching and a web page"),
     "download": ("download", "fetch a public data set with checksums"),
     "treebank": ("treebank", "clean, split and linearize a Penn Treebank for parsing (§6.3)"),
-    "study": ("study", "rerun the paper's Table 3 model variations at CPU scale, resumable"),
+    "study": ("study", "rerun the paper's Table 3 at CPU scale (resumable); measure Table 1"),
     "demo": ("demo", "train and evaluate grapheme-to-phoneme on CMUdict (offline)"),
 }
 

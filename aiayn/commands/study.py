@@ -2,6 +2,11 @@
 the same change the paper made applied to a scaled study base, all rows with the same updates
 and batches; then the report (table, JSON, CSV, plots) in OUT/report/. docs/guides/table3.md says
 how each row is scaled, docs/experiments/table3.md has the results.
+
+`aiayn study table1`: Table 1 measured on this CPU, per layer kind (self-attention, restricted
+self-attention, recurrent, convolutional) against the sequence length n: time, FLOPs, activation
+memory, sequential operations and path lengths, into OUT/complexity.json and its report
+OUT/complexity.md and .png (aiayn/recipes/table1.py; docs/experiments/complexity.md).
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "aiayn study table3 --data data/m30k-en-de --out runs/t3 --rows base --seeds 2  # one seed",
         "aiayn study table3 --out runs/table3 --report-only                   # gather, no training",
         "aiayn study table3 --data DIR --out DIR --device cuda --set n_layers=6 d_model=512 d_ff=2048",
+        "aiayn study table1 --out runs/table1 --set n_max=1024      # Table 1, n = 16 to 1024",
+        "aiayn study table1 --out runs/table1                       # Table 1 (about 5 minutes)",
         about=__doc__)
-    p.add_argument("study", choices=["table3"], help="the study to run")
+    p.add_argument("study", choices=["table3", "table1"], help="the study to run")
     p.add_argument("--data", metavar="DATASET_DIR", help="a dataset made by aiayn prepare")
     p.add_argument("--out", required=True, metavar="STUDY_DIR",
-                   help="study directory: study.json, runs/<row>/, report/")
+                   help="study directory (table3: study.json, runs/<row>/, report/; table1: "
+                        "complexity.json, .md, .png)")
     p.add_argument("--rows", nargs="+", metavar="ROW",
                    help="Table 3 rows to run (default: all): base A1 A4 A16 A32 B16 B32 C-N2 ...")
     p.add_argument("--seeds", nargs="+", type=int, metavar="S",
@@ -42,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="updates of every row (default: the table3 preset's max_steps)")
     retire(p, "--updates", new="--max-steps N")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
-                   help="overrides of the study base (preset table3); every row scales with it")
+                   help="table3: overrides of the study base (preset table3), every row scales "
+                        "with it; table1: its settings (d, heads, r=R1,R2, k, batch, n_min, n_max, "
+                        "fit_from, path_n_max, min_seconds)")
     p.add_argument("--eval-every", type=int, default=200, metavar="K",
                    help="updates between dev evaluations, the learning curves (default 200)")
     p.add_argument("--eval-bleu-sentences", type=int, default=0, metavar="N",
@@ -59,6 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.study == "table1":
+        return table1(args)
     from dataclasses import replace
 
     from aiayn.errors import UserError
@@ -91,4 +103,30 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"{len(doc['rows'])} run(s) gathered; report in {args.out}/report/ "
               f"(table3.md, results.json, results.csv, table3.png, curves.png)")
+    return 0
+
+
+def table1(args: argparse.Namespace) -> int:
+    """Table 1 measured (aiayn/recipes/table1.py), or with --report-only its report redrawn."""
+    from aiayn import errors
+    from aiayn.recipes.table1 import RESULT_FILE, Settings, run
+
+    for name in ("data", "rows", "seeds", "max_steps"):
+        if getattr(args, name) is not None:
+            raise errors.UserError(f"--{name.replace('_', '-')} is Table 3's; Table 1 takes "
+                                   f"--set NAME=VALUE of its settings")
+    if args.device not in (None, "cpu"):
+        raise errors.UserError(f"--device {args.device}: Table 1 is measured on the CPU")
+    if args.precision not in ("auto", "fp32"):
+        raise errors.UserError(f"--precision {args.precision}: Table 1 is measured in fp32")
+    if args.threads is not None and args.threads < 1:
+        raise errors.UserError(f"--threads must be >= 1, got {args.threads}")
+    result = run(args.out, Settings.from_overrides(args.set), args.report_only, args.threads,
+                 progress=not args.no_progress)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"Table 1 {'redrawn' if args.report_only else 'measured'}: {args.out}/complexity.md "
+              f"and .png, the figures in {args.out}/{RESULT_FILE}")
     return 0

@@ -6,7 +6,7 @@ of masking a dense n x n score matrix, which costs O(n^2 d) like full attention,
 cut into blocks of b = r queries; block m's queries can only see keys in blocks m - 1, m and
 m + 1 (m - 1 and m when causal), a window of 3b (2b) keys read out of the padded key sequence with
 `unfold`. Scores, weights and their gradients are then (B, h, n/b, b, 3b): about 3 r n entries
-instead of n^2, and time and memory are O(r n d) (benchmarks/complexity.py measures the slope).
+instead of n^2, and time and memory are O(r n d) (`aiayn study table1` measures the slope).
 
 The mask inside a block's window is exact, so the result equals dense attention under the mask
 `Band.dense` (tested, forward and gradients): a query may attend key j when j is in its window and

@@ -1,18 +1,17 @@
-"""docs/experiments/complexity.md and its .png from benchmarks/complexity.py's measurements:
-log-log slopes, crossovers, tables and the plot. Pure functions of the saved JSON."""
+"""The Table 1 report, complexity.md and its .png (docs/experiments/complexity.md is one), from
+table1.py's measurements: log-log slopes, crossovers, tables and the plot. Pure functions of the
+saved JSON."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from aiayn.files import atomic_write
 
-from aiayn.files import atomic_write  # noqa: E402
-
+RESULT_NAME = "complexity.json"  # table1.RESULT_FILE, which writes it
 PATH_FIT_FROM = 256  # path-length slopes over n >= this (r = 128 needs n >> r to be in its regime)
 
 
@@ -96,7 +95,10 @@ def markdown(result: dict, png_name: str) -> str:
         "",
         "Reproduce (about five minutes; run it alone, nothing else on the machine):",
         "",
-        "    .venv/bin/python benchmarks/complexity.py",
+        "    aiayn study table1 --out runs/table1",
+        "",
+        f"The figures are in [{RESULT_NAME}]({RESULT_NAME}) beside this page; `aiayn study table1 "
+        "--out DIR --report-only` redraws the page and its picture from them.",
         "",
         f"![time, FLOPs and path length against n]({png_name})",
         "",
@@ -113,6 +115,7 @@ def markdown(result: dict, png_name: str) -> str:
         if name in st:
             mp = st[name]["max_path"]
             tail = [(n, m) for n, m in zip(st[name]["n"], mp) if n >= PATH_FIT_FROM]
+            tail = tail if len(tail) > 1 else list(zip(st[name]["n"], mp))  # short of 256
             sl = slope([t[0] for t in tail], [t[1] for t in tail]) if mp[-1] > mp[0] else 0.0
             path = f"{mp[0]:.0f} → {mp[-1]:.0f} ({sl:.2f})"
             seq = str(st[name]["sequential_ops"][-1])
@@ -143,7 +146,7 @@ def markdown(result: dict, png_name: str) -> str:
     out += ["", "## FLOPs per layer, forward + backward (GFLOP)", ""] + _grid(rows, ns, lambda p: p["flops"] / 1e9)
     out += ["", "## Activation memory saved for the backward pass (MB)", ""] + _grid(rows, ns, lambda p: p["saved_mb"])
     out += ["", "## Paths: longest shortest path, layers needed, pairs connected", "",
-            "Computed from each kind's connectivity (`benchmarks/complexity_paths.py`): the stack "
+            "Computed from each kind's connectivity (`aiayn/recipes/table1_paths.py`): the stack "
             "grows until no pair of (input position, output position) gets a shorter path; the "
             "path counts one edge per layer crossed and one per recurrent step. A unidirectional "
             "recurrent layer connects only pairs with j <= i (half of them).", "",
@@ -154,7 +157,7 @@ def markdown(result: dict, png_name: str) -> str:
                  zip(v["max_path"], v["layers"], v["connected"])]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", "## How it is measured", "", "Timing, FLOP counting and memory: see the docstring of "
-            "`benchmarks/complexity.py`. FLOPs are exact counts of the operations run (so the banded "
+            "`aiayn/recipes/table1.py`. FLOPs are exact counts of the operations run (so the banded "
             "kernel's count includes the masked corners of its 3r-key windows), times the minimum of "
             "several runs; at the largest n a point has fewer runs (the JSON keeps the count)."]
     return "\n".join(out) + "\n"

@@ -1,16 +1,17 @@
-"""Table 1 measured on this machine: per-layer time, FLOPs and activation memory against the
-sequence length n at a fixed width d, for self-attention, restricted self-attention (two r, the
-banded kernel of aiayn.model.banded, and the dense masked computation it replaced), a recurrent
-layer (torch's GRU), a convolution (kernel 3) and a separable convolution; sequential operations
-and maximum path lengths from each kind's connectivity (complexity_paths.py); log-log slopes
-beside Table 1's orders; where the curves cross. Writes docs/experiments/complexity.md and .png
-and the raw figures to benchmarks/results/complexity.json.
+"""§4, Table 1 measured on this machine (`aiayn study table1`): per-layer time, FLOPs and
+activation memory against the sequence length n at a fixed width d, for self-attention,
+restricted self-attention (two r, the banded kernel of aiayn.model.banded, and the dense masked
+computation it replaced), a recurrent layer (torch's GRU), a convolution (kernel 3) and a
+separable convolution; sequential operations and maximum path lengths from each kind's
+connectivity (table1_paths.py); log-log slopes beside Table 1's orders; where the curves cross.
+Writes OUT/complexity.json (the raw figures) and, from it, OUT/complexity.md and .png
+(table1_report.py); docs/experiments/complexity.md is such a report.
 
-    .venv/bin/python benchmarks/complexity.py          # ~5 minutes
-    .venv/bin/python benchmarks/complexity.py --report-only    # redraw from the saved JSON
+    aiayn study table1 --out runs/table1                  # ~5 minutes
+    aiayn study table1 --out runs/table1 --report-only    # redraw from its complexity.json
 
 Each layer runs on one sequence (batch 1 by default), fp32, every core torch uses, with the memory
-settings of the `aiayn` command (mimalloc, aiayn/memory.py: without them glibc maps and faults in
+settings of every `aiayn` command (mimalloc, aiayn/memory.py: without them glibc maps and faults in
 every tensor over 32 MiB afresh on each run, which bends the curves at n = 4096). Forward time
 is with autograd recording, as in training; backward is timed on its own after it. A point's time
 is the minimum over repeats (at least 3 and 0.3 s of runs at small n, fewer where one run takes
@@ -23,37 +24,76 @@ O(n^2 d) counts only that; the layer adds the Q, K, V and output projections, O(
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
+import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-if __name__ == "__main__":  # the memory settings every `aiayn` command runs with, before torch loads
-    from aiayn.memory import restart_with_allocator, tune_memory
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
-    restart_with_allocator([sys.executable, *sys.argv])
-    tune_memory()
+from aiayn.checks import read_json
+from aiayn.config import BASE
+from aiayn.errors import UserError
+from aiayn.files import atomic_write
+from aiayn.locks import exclusive_lock
+from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.banded import Band, banded_attention
+from aiayn.recipes import table1_paths as paths
+from aiayn.recipes.table1_report import write_report
 
-import complexity_paths as paths  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+RESULT_FILE = "complexity.json"
 
-from aiayn.config import BASE  # noqa: E402
-from aiayn.files import atomic_write  # noqa: E402
-from aiayn.model.attention import MultiHeadAttention  # noqa: E402
-from aiayn.model.banded import Band, banded_attention  # noqa: E402
 
-from provenance import commit, cpu_name  # noqa: E402
+@dataclass(frozen=True)
+class Settings:
+    """What is measured (`aiayn study table1 --set NAME=VALUE`)."""
+
+    d: int = 512  # model width, the base model's
+    heads: int = 8
+    r: tuple[int, int] = (32, 128)  # the two restricted windows ("r=32,128")
+    k: int = 3  # convolution kernel width
+    batch: int = 1
+    n_min: int = 16
+    n_max: int = 4096
+    fit_from: int = 512  # slopes over n >= this
+    path_n_max: int = 1024  # path lengths up to this n
+    min_seconds: float = 0.3  # of repeats per point, at least 3 of them
+
+    @classmethod
+    def from_overrides(cls, items: list[str]) -> Settings:
+        """NAME=VALUE items over the defaults; one line naming the bad item otherwise."""
+        kinds = {f.name: f for f in fields(cls)}
+        values = {}
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep or name not in kinds:
+                raise UserError(f"--set {item}: expected NAME=VALUE with NAME one of "
+                                f"{', '.join(kinds)} (Table 1's settings)")
+            try:
+                if name == "r":
+                    values[name] = tuple(int(x) for x in value.split(","))
+                    if len(values[name]) != 2:
+                        raise ValueError
+                else:
+                    values[name] = (float if name == "min_seconds" else int)(value)
+            except ValueError:
+                raise UserError(f"--set {item}: not a valid {name}"
+                                + (" (two windows: r=32,128)" if name == "r" else "")) from None
+        s = cls(**values)
+        if (min(s.d, s.heads, s.k, s.batch, s.n_min, *s.r) < 1 or s.d % s.heads
+                or not (s.n_min <= s.path_n_max and 2 * s.fit_from <= s.n_max)):
+            raise UserError(f"--set: Table 1's settings must be positive, d a multiple of heads, "
+                            f"n_min <= path_n_max and 2 fit_from <= n_max (got {', '.join(items)})")
+        return s
 
 
 class Attention(nn.Module):
@@ -187,7 +227,7 @@ def time_layer(layer: nn.Module, x: Tensor, min_seconds: float) -> tuple[float, 
     return fwd, bwd, reps
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args: Settings, log: Callable[[str], None] = print) -> dict:
     ns = [2**i for i in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
     table = kinds(args.r[0], args.r[1], args.k)
     rows: dict[str, dict] = {}
@@ -202,8 +242,8 @@ def measure(args: argparse.Namespace) -> dict:
             f_fwd, f_all = count_flops(lambda: build(args.d, args.heads), n, args.d, args.batch)
             points.append({"n": n, "fwd_s": fwd, "bwd_s": bwd, "reps": reps, "flops_fwd": f_fwd,
                            "flops": f_all, "saved_mb": mem / 2**20})
-            print(f"{name:34s} n={n:5d} fwd {fwd * 1e3:9.2f} ms  bwd {bwd * 1e3:9.2f} ms  "
-                  f"{f_all / 1e9:8.2f} GFLOP  {mem / 2**20:8.1f} MB  ({reps} runs)", file=sys.stderr)
+            log(f"{name:34s} n={n:5d} fwd {fwd * 1e3:9.2f} ms  bwd {bwd * 1e3:9.2f} ms  "
+                f"{f_all / 1e9:8.2f} GFLOP  {mem / 2**20:8.1f} MB  ({reps} runs)")
         rows[name] = {"order": order, "order_slope": slope, "points": points}
     path_ns = [n for n in ns if n <= args.path_n_max]
     structure = {}
@@ -215,8 +255,36 @@ def measure(args: argparse.Namespace) -> dict:
                            "layers": [s.layers for s in stats],
                            "connected": [s.connected for s in stats],
                            "sequential_ops": [paths.sequential_operations(conn, n) for n in path_ns]}
-    return {"machine": machine(), "settings": vars(args), "rows": rows, "structure": structure,
-            "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+    return {"machine": machine(), "settings": {**asdict(args), "r": list(args.r)}, "rows": rows,
+            "structure": structure, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (the platform's processor or architecture where /proc has none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def commit() -> str | None:
+    """HEAD of the checkout aiayn runs from, marked when tracked files have uncommitted changes;
+    None for an installed copy."""
+    def git(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), *a],
+                              capture_output=True, text=True)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+    except OSError:  # no git
+        return None
+    if head.returncode != 0:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
 def machine() -> str:
@@ -227,35 +295,31 @@ def machine() -> str:
             f"Python {platform.python_version()}, {allocator_in_use()}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d", type=int, default=512, help="model width d (default 512, the base model's)")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--r", type=int, nargs=2, default=[32, 128], help="two restricted windows")
-    p.add_argument("--k", type=int, default=3, help="convolution kernel width")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--n-min", type=int, default=16)
-    p.add_argument("--n-max", type=int, default=4096)
-    p.add_argument("--fit-from", type=int, default=512, help="fit slopes over n >= this")
-    p.add_argument("--path-n-max", type=int, default=1024, help="path lengths up to this n")
-    p.add_argument("--min-seconds", type=float, default=0.3)
-    p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/complexity.json")
-    p.add_argument("--docs", type=Path, default=ROOT / "docs" / "experiments")
-    p.add_argument("--report-only", action="store_true", help="redraw the docs from --json")
-    args = p.parse_args(argv)
-    from complexity_report import write_report
-
-    if args.report_only:
-        result = json.loads(args.json.read_text())
-    else:
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        result = measure(argparse.Namespace(**settings))
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(args.json) as f:
-            f.write(json.dumps(result, indent=1) + "\n")
-    write_report(result, args.docs)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(out: str | Path, settings: Settings = Settings(), report_only: bool = False,
+        threads: int | None = None, progress: bool = True) -> dict:
+    """Measure into OUT/complexity.json (a new or empty OUT), or with `report_only` read it back;
+    then write OUT/complexity.md and .png. Returns the measurement."""
+    out = Path(out)
+    path = out / RESULT_FILE
+    with exclusive_lock(out, "aiayn study table1", "wait for it to finish, or choose another --out"):
+        if report_only:
+            if not path.is_file():
+                raise UserError(f"{out} holds no Table 1 measurement ({RESULT_FILE}) to report")
+            result = read_json(path, {"settings": dict, "rows": dict, "structure": dict,
+                                      "machine": str, "date": str, "?commit": (str, None)})
+        else:
+            if path.exists():
+                raise UserError(f"{out} holds a Table 1 measurement already; --report-only redraws "
+                                f"its report, or give another --out")
+            if out.is_dir() and any(p for p in out.iterdir() if not p.name.startswith(".")):
+                raise UserError(f"{out} is not empty and holds no Table 1 measurement ({RESULT_FILE});"
+                                f" a measurement starts in a new or empty --out")
+            if threads is not None:
+                torch.set_num_threads(threads)
+            result = measure(settings, (lambda m: print(m, file=sys.stderr, flush=True))
+                             if progress else (lambda m: None))
+            out.mkdir(parents=True, exist_ok=True)
+            with atomic_write(path) as f:
+                f.write(json.dumps(result, indent=1) + "\n")
+        write_report(result, out)
+    return result
