@@ -254,14 +254,14 @@ def results_md(res: dict) -> str:
         + render(res))
 
 
-def record(res: dict) -> None:
-    """RESULTS.md is the latest run; each run also stays in results/<date>-<cpu>.md, so a run on
-    another machine (AVX2 fp32 against AMX bf16 changes every figure) never erases the last."""
+def record(res: dict, root: Path = HERE) -> None:
+    """root/RESULTS.md is the latest run; each run also stays in results/<date>-<cpu>.md, so a run
+    on another machine (AVX2 fp32 against AMX bf16 changes every figure) never erases the last."""
     name = f"{res['date'][:10]}-" + "-".join(res["machine"]["isa"].replace("_", "-").split(", "))
     text = results_md(res)
-    with atomic_write(HERE / "results" / f"{name}.md") as f:
+    with atomic_write(root / "results" / f"{name}.md") as f:
         f.write(text)
-    tables = sorted(p.name for p in (HERE / "results").glob("*.md") if p.stem != name)
+    tables = sorted(p.name for p in (root / "results").glob("*.md") if p.stem != name)
     earlier = [n for n in tables if not n.startswith("train-gpu-")]
     if earlier:
         text += "\nEarlier runs (other days or machines): " + ", ".join(
@@ -270,7 +270,7 @@ def record(res: dict) -> None:
     if gpu:
         text += "\nTraining on one GPU, aiayn against torch.nn.Transformer (benchmarks/train_gpu.sh): " + \
             ", ".join(f"[{n}](results/{n})" for n in gpu) + ".\n"
-    with atomic_write(HERE / "RESULTS.md") as f:
+    with atomic_write(root / "RESULTS.md") as f:
         f.write(text)
 
 
@@ -302,6 +302,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     p.add_argument("--out", type=Path, help="write results.json, table.md and logs/ here")
     p.add_argument("--write-results", action="store_true", help="rewrite benchmarks/RESULTS.md")
+    p.add_argument("--results-dir", type=Path, default=HERE, metavar="DIR",
+                   help="where --write-results records (RESULTS.md, results/; default benchmarks/)")
     p.add_argument("--no-setup", action="store_true", help="do not run scripts/setup_peers.sh")
     p.add_argument("--render", type=Path, metavar="RESULTS_JSON",
                    help="measure nothing: print (and with --write-results record) a saved run")
@@ -312,7 +314,7 @@ def main() -> int:
         if a.write_results:
             if res.get("quick"):
                 p.error(f"{a.render} is a --quick run; RESULTS.md records real runs only")
-            record(res)
+            record(res, a.results_dir)
         return 0
     if a.quick and a.write_results:
         p.error("--write-results records a real run; drop --quick")
@@ -395,7 +397,7 @@ def main() -> int:
         with atomic_write(a.out / "table.md") as f:
             f.write(text)
     if a.write_results:
-        record(res)
+        record(res, a.results_dir)
     return 0
 
 

@@ -44,9 +44,6 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
 
 
 def test_the_gpu_table_names_the_gpu_and_compares_with_torchs_best(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_table
-
     rows = [{"system": "matmul", "tflops": 800.0, "gpu": "NVIDIA H100", "torch": "2.11"},
             {"system": "torch", "config": "base", "tok_per_s": 100.0, "flops_per_tok": 4e9,
              "peak_gpu_mem_gb": 10.0},
@@ -57,7 +54,10 @@ def test_the_gpu_table_names_the_gpu_and_compares_with_torchs_best(tmp_path):
             {"system": "aiayn", "config": "base", "tok_per_s": 200.0, "flops_per_tok": 4e9,
              "peak_gpu_mem_gb": 7.0, "eager_loss": True},
             {"system": "aiayn", "config": "big", "failed": "aiayn: exit 124 (cap 150s)"}]
-    text = gpu_table.table(rows, 1000.0)
+    lines = tmp_path / "train_gpu.jsonl"  # train_gpu.sh's log: JSON lines among others
+    lines.write_text("starting\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    text = subprocess.run([sys.executable, "benchmarks/gpu_table.py", str(lines), "1000"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
     assert "NVIDIA H100" in text and "800.0 TFLOP/s measured" in text
     line = next(x for x in text.splitlines() if x.startswith("| base | aiayn eager"))
     assert "| 300 |" in line and "| 0.1% |" in line and "| 0.1% |" in line and "2.00x" in line

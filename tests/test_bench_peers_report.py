@@ -5,11 +5,21 @@ Nothing is measured here; the rows are made up, so only the arithmetic and the f
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_peers  # noqa: E402
+from helpers import REPO
+
+
+def bench_peers(run: dict, tmp_path: Path, *args: str) -> str:
+    """`bench_peers.py --render` of a saved run (nothing measured): what it prints."""
+    saved = tmp_path / f"run-{run['date'][:10]}.json"
+    saved.write_text(json.dumps(run))
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_peers.py"), "--render",
+                           str(saved), *args], capture_output=True, text=True, check=True)
+    return done.stdout
 
 
 def fake_run(date: str, isa: str) -> dict:
@@ -23,23 +33,24 @@ def fake_run(date: str, isa: str) -> dict:
                      row("fairseq", "fp32", 2500.0, 1024.0)]}
 
 
-def test_fp32_only_run_renders_ratios_against_the_fastest_peer():
-    text = bench_peers.render(fake_run("2026-01-01T00:00:00", "avx2"))
+def test_fp32_only_run_renders_ratios_against_the_fastest_peer(tmp_path):
+    text = bench_peers(fake_run("2026-01-01T00:00:00", "avx2"), tmp_path)
     assert "bf16 not measured" in text
     # speed 3000/2000, MFU 2000 x 46e6 / 100e9, no decoding rows, RSS 2 GB against aiayn's 1 GB
     assert "| OpenNMT-py | fp32 | 2000 (1.50) | 0.92 (1.50) | - | - | 2.00 (0.50) | - |" in text
     assert "fairseq fp32 (2,500 tok/s): aiayn fp32 1.20x" in text
 
 
-def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench_peers, "HERE", tmp_path)
-    bench_peers.record(fake_run("2026-01-01T00:00:00", "avx2, avx512f, amx_bf16"))
-    (tmp_path / "results" / "train-gpu-2026-01-01-h100.md").write_text("# a GPU table\n")
-    bench_peers.record(fake_run("2026-01-02T00:00:00", "avx2"))
-    kept = sorted(p.name for p in (tmp_path / "results").iterdir())
+def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path):
+    root = tmp_path / "benchmarks"
+    record = ["--write-results", "--results-dir", str(root)]
+    bench_peers(fake_run("2026-01-01T00:00:00", "avx2, avx512f, amx_bf16"), tmp_path, *record)
+    (root / "results" / "train-gpu-2026-01-01-h100.md").write_text("# a GPU table\n")
+    bench_peers(fake_run("2026-01-02T00:00:00", "avx2"), tmp_path, *record)
+    kept = sorted(p.name for p in (root / "results").iterdir())
     assert kept == ["2026-01-01-avx2-avx512f-amx-bf16.md", "2026-01-02-avx2.md",
                     "train-gpu-2026-01-01-h100.md"]
-    latest = (tmp_path / "RESULTS.md").read_text()
+    latest = (root / "RESULTS.md").read_text()
     assert "- Date: 2026-01-02" in latest and "(avx2)" in latest
     earlier, gpu = latest.split("Earlier runs")[1].split("Training on one GPU")
     assert "[2026-01-01-avx2-avx512f-amx-bf16.md](results/2026-01-01-avx2-avx512f-amx-bf16.md)" in earlier
@@ -47,7 +58,7 @@ def test_record_keeps_each_machine_and_points_to_the_earlier_runs(tmp_path, monk
     assert "[train-gpu-2026-01-01-h100.md](results/train-gpu-2026-01-01-h100.md)" in gpu
 
 
-def test_decoding_summary_compares_each_aiayn_precision_with_ctranslate2():
+def test_decoding_summary_compares_each_aiayn_precision_with_ctranslate2(tmp_path):
     def dec(system, precision, sent, rss_mb):
         return {"config": "tiny", "system": system, "precision": precision,
                 "decode": {"greedy_sent_per_s": 2 * sent, "beam4_sent_per_s": sent,
@@ -55,7 +66,7 @@ def test_decoding_summary_compares_each_aiayn_precision_with_ctranslate2():
     run = fake_run("2026-01-01T00:00:00", "avx2")
     run["rows"] += [dec("aiayn", "int8", 80.0, 300.0), dec("ctranslate2", "fp32", 50.0, 250.0),
                     dec("ctranslate2", "int8", 64.0, 200.0)]
-    text = bench_peers.render(run)
+    text = bench_peers(run, tmp_path)
     # 80/64 and 80/50 sentences/s, 300/200 MB; aiayn fp32 has no decoding row, so no entry
     assert "against CTranslate2 int8 / fp32: aiayn int8 1.25x / 1.60x (decoding RSS 1.50x" in text
     assert "aiayn fp32 " not in text.split("Beam-4 decoding")[1]

@@ -364,17 +364,29 @@ def test_pad_rows_right_and_left():
     assert left.tolist() == [[9, 5, 6, 7], [9, 9, 9, 9], [9, 9, 9, 8]]
 
 
-def test_batch_shapes_counts_fewer_shapes_and_more_padding_for_larger_multiples():
-    import importlib.util
-    from pathlib import Path
+def shape_counts(src_len, tgt_len, max_tokens: int, multiple: int, epochs: int) -> dict:
+    """Batches per epoch, distinct (B, S, T) shapes over `epochs` epochs, the padded share of the
+    token slots and the real target tokens per batch, of the sampler's batches with widths
+    rounded up to `multiple` (what docs/experiments/performance.md tabulates)."""
+    sampler = TokenBatchSampler(src_len, tgt_len, max_tokens, seed=1, pad_multiple=multiple)
+    shapes, slots, real, tgt_real, n = set(), 0, 0, 0, 0
+    for epoch in range(epochs):
+        for b in sampler.epoch_batches(epoch):
+            s = -(-int(src_len[b].max()) // multiple) * multiple
+            t = -(-(int(tgt_len[b].max()) + 1) // multiple) * multiple  # + BOS / EOS
+            shapes.add((len(b), s, t))
+            slots += len(b) * (s + t)
+            real += int(src_len[b].sum() + tgt_len[b].sum() + len(b))
+            tgt_real += int(tgt_len[b].sum() + len(b))
+            n += 1
+    return {"batches_per_epoch": n // epochs, "distinct_shapes": len(shapes),
+            "padding": 1 - real / slots, "real_tgt_tokens_per_batch": tgt_real / n}
 
-    spec = importlib.util.spec_from_file_location(
-        "batch_shapes", Path(__file__).resolve().parents[1] / "benchmarks" / "batch_shapes.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+
+def test_batch_shapes_counts_fewer_shapes_and_more_padding_for_larger_multiples():
     rng = np.random.default_rng(0)
     src, tgt = rng.integers(3, 60, 2000), rng.integers(3, 60, 2000)
-    r1, r8 = (bench.shape_counts(src, tgt, 1024, m, epochs=2) for m in (1, 8))
+    r1, r8 = (shape_counts(src, tgt, 1024, m, epochs=2) for m in (1, 8))
     assert r8["distinct_shapes"] < r1["distinct_shapes"]
     assert r1["padding"] < r8["padding"] < 1
     assert r8["real_tgt_tokens_per_batch"] < r1["real_tgt_tokens_per_batch"]

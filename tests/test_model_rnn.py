@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,10 +24,7 @@ from aiayn.model.rnn import RNNSearch
 from aiayn.presets import load_config
 from aiayn.special import PAD_ID
 
-from helpers import tiny_dataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bleu_vs_time  # noqa: E402  (benchmarks/ is not a package)
+from helpers import REPO, tiny_dataset
 
 CFG = replace(BASE, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5, rnn_attn=7, p_drop=0.0)
 
@@ -209,18 +209,35 @@ def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
     assert sum(o == r for o, r in zip(out, refs)) >= 4
 
 
+BLEU_VS_TIME = REPO / "benchmarks" / "bleu_vs_time.py"
+
+
+def bleu_vs_time(cwd: Path, *args, ok: bool = True) -> subprocess.CompletedProcess:
+    """benchmarks/bleu_vs_time.py with these arguments, run in `cwd`; it must succeed (`ok`) or
+    fail."""
+    done = subprocess.run([sys.executable, str(BLEU_VS_TIME), *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+    assert (done.returncode == 0) == ok, done.stderr[-2000:]
+    return done
+
+
+def curve(entry: dict, metric: str = "bleu") -> tuple[list[float], list[float]]:
+    """One curve of the script's OUT.json: (wall-clock seconds, scores) in time order."""
+    pts = sorted(entry["points"].values(), key=lambda p: p["wall_s"])
+    return [p["wall_s"] for p in pts], [p[metric] for p in pts]
+
+
 def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
     data, run, _ = rnn_run
     from aiayn.training.checkpoint import list_checkpoints
 
     last = list_checkpoints(run)[-1][1]
     out = tmp_path / "curve"
-    assert bleu_vs_time.main(["--data", str(data), "--run", f"A={run}", "--run", f"B={run}",
-                              "--out", str(out), "--sentences", "20", "--align", f"RNN={last}",
-                              "--align", f"again={last}", "--sentence", "1",
-                              "--align-split", "valid"]) == 0
+    bleu_vs_time(tmp_path, "--data", data, "--run", f"A={run}", "--run", f"B={run}",
+                 "--out", out, "--sentences", "20", "--align", f"RNN={last}",
+                 "--align", f"again={last}", "--sentence", "1", "--align-split", "valid")
     got = json.loads(out.with_suffix(".json").read_text())
-    walls, bleus = bleu_vs_time.curve(got["A"])
+    walls, bleus = curve(got["A"])
     assert len(walls) == 4 and walls == sorted(walls) and walls[0] > 0
     assert bleus[-1] > bleus[0]
     # the same run twice: "A" reaches B's final BLEU exactly when B ends, at most
@@ -231,41 +248,60 @@ def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
 def test_word_error_rate_against_time(rnn_run, tmp_path):
     """--g2p's metric: a checkpoint's greedy outputs scored as words against their references
     (lower is better, so the comparison looks for the first time at or below the target), and
-    the demo corpus's validation words read with all their pronunciations."""
+    the validation words read with all their pronunciations (the demo corpus's valid.refs)."""
     from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
-    from aiayn.recipes.cmudict_data import read_refs, write_g2p_corpus
     from aiayn.training.checkpoint import list_checkpoints
 
     data, run, _ = rnn_run
-    last = list_checkpoints(run)[-1][1]
-    srcs, refs = bleu_vs_time.validation(data, None, 20)
-    wer = bleu_vs_time.score_checkpoint(last, srcs, [[r] for r in refs], None, "wer")
+    step, last = list_checkpoints(run)[-1]
+    one = tmp_path / "run"  # the run with its last checkpoint only: one to score
+    shutil.copytree(last, one / last.relative_to(run))
+    shutil.copy(run / "metrics.jsonl", one)
+    srcs = (data / "valid.src.txt").read_text(encoding="utf-8").splitlines()[:20]
+    refs = (data / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()[:20]
+    # two recorded curves, compared in each order while the run is scored between them
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({
+        "A": {"points": {"1": {"wall_s": 60.0, "wer": 50.0}, "2": {"wall_s": 120.0, "wer": 30.0}}},
+        "B": {"points": {"1": {"wall_s": 100.0, "wer": 60.0}, "2": {"wall_s": 200.0, "wer": 40.0}}}}))
+
+    def wer_of_last(name: str, prons: list[list[str]], fast: str, slow: str) -> tuple[float, dict]:
+        corpus = tmp_path / name  # as `aiayn demo` writes it: pronunciations " | "-separated
+        corpus.mkdir()
+        (corpus / "valid.src").write_text("".join(s + "\n" for s in srcs), encoding="utf-8")
+        (corpus / "valid.refs").write_text("".join(" | ".join(p) + "\n" for p in prons),
+                                           encoding="utf-8")
+        bleu_vs_time(tmp_path, "--g2p", corpus, "--run", f"{fast}={old}#{fast}", "--run", f"R={one}",
+                     "--run", f"{slow}={old}#{slow}", "--out", tmp_path / f"{name}-wer")
+        got = json.loads((tmp_path / f"{name}-wer.json").read_text())
+        return got["R"]["points"][str(step)]["wer"], got["comparison"]
+
     hyps = Translator(load_model(last), greedy=True).translate(srcs)
+    wer, a_to_b = wer_of_last("exact", [[r] for r in refs], "A", "B")
     assert wer == 100 * sum(h.split() != r.split() for h, r in zip(hyps, refs)) / 20
+    assert a_to_b == {"target_wer": 40.0, "slow_wall_s": 200.0, "fast_reaches_at_s": 90.0, "ratio": 0.45}
     # Whatever the toy model learned on this machine: 5 words with no right pronunciation, 15
     # whose second pronunciation is the greedy output (a word is right if it matches any).
     wrong = "ZZZ QQQ"
-    graded = [[wrong]] * 5 + [[wrong, h] for h in hyps[5:]]
-    assert bleu_vs_time.score_checkpoint(last, srcs, graded, None, "wer") == 25.0
-
-    cache = {"A": {"points": {"1": {"wall_s": 60.0, "wer": 50.0}, "2": {"wall_s": 120.0, "wer": 30.0}}},
-             "B": {"points": {"1": {"wall_s": 100.0, "wer": 60.0}, "2": {"wall_s": 200.0, "wer": 40.0}}}}
-    got = bleu_vs_time.summary(cache, "A", "B", "wer")
-    assert got == {"target_wer": 40.0, "slow_wall_s": 200.0, "fast_reaches_at_s": 90.0, "ratio": 0.45}
-    assert bleu_vs_time.summary(cache, "B", "A", "wer")["fast_reaches_at_s"] is None
-
-    corpus = tmp_path / "corpus"
-    write_g2p_corpus(corpus, seed=1, n_valid=15, n_test=5, max_train_words=50)
-    words, prons = bleu_vs_time.validation(None, corpus, None)
-    assert len(words) == 15 and prons == read_refs(corpus / "valid.refs")
-    assert all(isinstance(r, list) and r for r in prons)
+    wer, b_to_a = wer_of_last("graded", [[wrong]] * 5 + [[wrong, h] for h in hyps[5:]], "B", "A")
+    assert wer == 25.0 and b_to_a["fast_reaches_at_s"] is None
 
 
-def test_first_reaching_interpolates():
-    assert bleu_vs_time.first_reaching([60, 120, 180], [10, 20, 30], 25) == 150
-    assert bleu_vs_time.first_reaching([60, 120], [10, 20], 5) == 60
-    assert bleu_vs_time.first_reaching([60, 120], [10, 20], 21) is None
+def test_first_reaching_interpolates(tmp_path):
+    """The first time a recorded curve (60 s: 10, 120 s: 20[, 180 s: 30]) reaches another's final
+    BLEU, interpolated between its points."""
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({
+        **{f"A{n}": {"points": {str(s): {"wall_s": 60.0 * s, "bleu": 10.0 * s} for s in range(1, n + 1)}}
+           for n in (2, 3)},
+        **{f"to{t}": {"points": {"1": {"wall_s": 300.0, "bleu": float(t)}}} for t in (25, 5, 21)}}))
+    for n, target, expected in ((3, 25, 150), (2, 5, 60), (2, 21, None)):
+        out = tmp_path / f"to{target}"
+        bleu_vs_time(tmp_path, "--data", tmp_path, "--from-metrics", "--run", f"A={old}#A{n}",
+                     "--run", f"T={old}#to{target}", "--out", out)
+        reached = json.loads(out.with_suffix(".json").read_text())["comparison"]["fast_reaches_at_s"]
+        assert reached == (None if expected is None else pytest.approx(expected))
 
 
 def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
@@ -282,11 +318,10 @@ def test_bleu_against_time_from_a_runs_own_dev_evaluations(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "curve"
-    assert bleu_vs_time.main(["--data", str(tmp_path / "no-data"), "--from-metrics",
-                              "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}",
-                              "--out", str(out)]) == 0
+    bleu_vs_time(tmp_path, "--data", tmp_path / "no-data", "--from-metrics",
+                 "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}", "--out", out)
     got = json.loads(out.with_suffix(".json").read_text())
-    assert bleu_vs_time.curve(got["A"]) == ([130.0, 400.0], [5.0, 9.0])
+    assert curve(got["A"]) == ([130.0, 400.0], [5.0, 9.0])
     assert got["comparison"]["fast_reaches_at_s"] == 400.0
     assert out.with_suffix(".png").stat().st_size > 0
 
@@ -303,34 +338,41 @@ def test_bleu_against_time_with_a_curve_recorded_before(tmp_path):
         {"kind": "train", "step": 100, "elapsed": 50.0}, {"kind": "train", "step": 300, "elapsed": 150.0},
         {"kind": "dev", "step": 100, "dev_bleu": 4.0}, {"kind": "dev", "step": 300, "dev_bleu": 12.0}]))
     out = tmp_path / "curve"
-    assert bleu_vs_time.main(["--data", str(tmp_path), "--from-metrics", "--run", f"A={tmp_path / 'a'}",
-                              "--run", f"RNN, before={old}#RNN", "--out", str(out)]) == 0
+    bleu_vs_time(tmp_path, "--data", tmp_path, "--from-metrics", "--run", f"A={tmp_path / 'a'}",
+                 "--run", f"RNN, before={old}#RNN", "--out", out)
     got = json.loads(out.with_suffix(".json").read_text())
     assert list(got)[:2] == ["A", "RNN, before"] and got["RNN, before"]["recorded"]
-    assert bleu_vs_time.curve(got["RNN, before"]) == ([100.0, 200.0], [10.0, 8.0])
+    assert curve(got["RNN, before"]) == ([100.0, 200.0], [10.0, 8.0])
     # A (4 at 50 s, 12 at 150 s) reaches the recorded curve's final 8 halfway: 100 s of its 200
     assert got["comparison"] == {"target_bleu": 8.0, "slow_wall_s": 200.0,
                                  "fast_reaches_at_s": 100.0, "ratio": 0.5}
     for bad, says in [(f"{old}#CNN", r"has no curve 'CNN' \(it has RNN\)"),
                       (f"{tmp_path / 'none.json'}#RNN", "no such file")]:
-        with pytest.raises(SystemExit, match=says):
-            bleu_vs_time.main(["--data", str(tmp_path), "--from-metrics", "--run", f"A={tmp_path / 'a'}",
-                               "--run", f"B={bad}", "--out", str(out)])
-    with pytest.raises(SystemExit, match="has no wer scores"):
-        bleu_vs_time.recorded_runs({"B": Path(f"{old}#RNN")}, "wer")
+        done = bleu_vs_time(tmp_path, "--data", tmp_path, "--from-metrics", "--run",
+                            f"A={tmp_path / 'a'}", "--run", f"B={bad}", "--out", out, ok=False)
+        assert re.search(says, done.stderr.strip().splitlines()[-1])
+    done = bleu_vs_time(tmp_path, "--g2p", tmp_path, "--run", f"B={old}#RNN", "--out", out, ok=False)
+    assert "has no wer scores" in done.stderr.strip().splitlines()[-1]
 
 
 def test_run_labels_may_hold_equals_signs_and_a_wrong_run_is_one_line(tmp_path):
-    """LABEL=PATH splits where an existing path follows, so "lr_scale=0.7=DIR" and a directory
+    """LABEL=PATH splits where an existing path follows, so "lr_scale=0.7=PATH" and a directory
     named with "=" both parse; a path that is not a run directory fails before any scoring."""
     run = tmp_path / "lr=0.7"
     run.mkdir()
-    assert bleu_vs_time._pairs([f"T, lr_scale=0.7={run}"]) == {"T, lr_scale=0.7": run}
-    assert bleu_vs_time._pairs([f"T={run}"]) == {"T": run}
-    assert bleu_vs_time._pairs(["T=a=b"]) == {"T=a": Path("b")}  # nothing exists: the last "="
+    old = run / "old.json"
+    old.write_text(json.dumps({"RNN": {"points": {"1": {"wall_s": 60.0, "bleu": 5.0}}}}))
+    out = tmp_path / "c"
+    bleu_vs_time(tmp_path, "--data", tmp_path, "--from-metrics", "--run",
+                 f"T, lr_scale=0.7={old}#RNN", "--run", f"T={old}#RNN", "--out", out)
+    assert list(json.loads(out.with_suffix(".json").read_text()))[:2] == ["T, lr_scale=0.7", "T"]
+    # nothing exists: the last "=" (the path is b.json)
+    done = bleu_vs_time(tmp_path, "--data", tmp_path, "--from-metrics", "--run", "T=a=b.json#K",
+                        "--out", out, ok=False)
+    assert done.stderr.strip().splitlines()[-1] == "--run T=a=b.json#K: no such file b.json"
     for bad in ("no-label", f"={run}"):
-        with pytest.raises(SystemExit, match="expected LABEL=PATH"):
-            bleu_vs_time._pairs([bad])
-    with pytest.raises(SystemExit, match=r"not a training run directory \(no metrics.jsonl"):
-        bleu_vs_time.main(["--data", str(tmp_path), "--run", f"A={run}", "--out", str(tmp_path / "c")])
-
+        done = bleu_vs_time(tmp_path, "--data", tmp_path, "--run", bad, "--out", out, ok=False)
+        assert "expected LABEL=PATH" in done.stderr
+    done = bleu_vs_time(tmp_path, "--data", tmp_path, "--run", f"A={run}", "--out", tmp_path / "c2",
+                        ok=False)
+    assert "not a training run directory (no metrics.jsonl" in done.stderr.strip().splitlines()[-1]

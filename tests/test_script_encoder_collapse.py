@@ -1,72 +1,105 @@
 """tools/encoder_collapse.py: a model that reads its source against the same model with its
-encoder forced to collapse (every position mapped to one vector)."""
+encoder forced to collapse (every position mapped to one vector), and its position similarity
+against one computed here from the encoder's own outputs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from aiayn.data.batching import collate
+from aiayn.data.model_dir import load_model, save_model
 from aiayn.decoding.common import source_batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import encoder_collapse as collapse  # noqa: E402
+from helpers import REPO, TEXTS, reverser_model_dir
 
-from helpers import MICRO, reverser_model_dir, train_reverser  # noqa: E402
+TOOL = REPO / "tools" / "encoder_collapse.py"
+
+
+def collapse(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                          text=True)
+
+
+def figures(model: Path, src: Path, ref: Path | None = None) -> dict:
+    done = collapse("--model", model, "--src", src, *(["--ref", ref] if ref else []), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
-def reverser():
-    cfg = replace(MICRO, vocab_size=40, n_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
-    return train_reverser(cfg, steps=150)
+def reverser(tmp_path_factory) -> Path:
+    return reverser_model_dir(tmp_path_factory.mktemp("reverser"))
 
 
-def batch(vocab: int = 40):
-    g = torch.Generator().manual_seed(1)
-    srcs = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in (3, 6, 8, 5)]
-    return srcs, *source_batch(srcs)
+def test_position_similarity_against_the_encoders_outputs(reverser, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("".join(t + "\n" for t in TEXTS[:6]), encoding="utf-8")
+    got = figures(reverser, src)["layers"]
+    loaded = load_model(reverser)
+    model = loaded.model.eval()
+    x, mask = source_batch([loaded.src_tokenizer.encode(t) for t in TEXTS[:6]])
+    outs = []  # the embeddings (layer 0), then each encoder layer's output
+    model.encoder[0].register_forward_pre_hook(lambda m, a: outs.append(a[0]))
+    for layer in model.encoder:
+        layer.register_forward_hook(lambda m, a, o: outs.append(o[0]))
+    with torch.no_grad():
+        model.encode(x, mask)
+
+    def by_hand(h: torch.Tensor) -> float:  # per sentence: cosine over ordered pairs i != j
+        per = []
+        for b in range(h.size(0)):
+            v = h[b][mask[b]]  # real positions only
+            n = len(v)
+            per.append(sum(float(F.cosine_similarity(v[i], v[j], dim=0))
+                           for i in range(n) for j in range(n) if i != j) / (n * (n - 1)))
+        return sum(per) / len(per)
+
+    assert mask.sum(1).min() < mask.size(1)  # padding is there, and must count for nothing
+    assert [s["layer"] for s in got] == list(range(len(outs))) == [0, 1, 2]
+    for s, h in zip(got, outs):
+        assert s["similarity"] == pytest.approx(by_hand(h), abs=1e-5)
 
 
-def test_position_similarity_by_hand():
-    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [5.0, 5.0]]])  # (1, 4, 2)
-    mask = torch.tensor([[True, True, True, False]])
-    # pairs (0,1): 0, (0,2) and (1,2): 1/sqrt(2), each counted both ways; position 3 is padding
-    assert collapse.position_similarity(x, mask) == pytest.approx((0 + 2 * 2 ** -0.5) / 3)
-    same = torch.ones(2, 3, 4)
-    assert collapse.position_similarity(same, torch.ones(2, 3, dtype=torch.bool)) == pytest.approx(1.0)
-
-
-def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser):
-    srcs, src, mask = batch()
-    tgts = [[4 + (x - 4) % 36 for x in reversed(s)] for s in srcs]
-    reading = collapse.encoder_stats(reverser, src, mask)
-    assert [s.layer for s in reading] == [0, 1, 2]
-    assert reading[-1].similarity < 0.9
-    pairs = collate(list(zip(srcs, tgts)), range(len(srcs)))
-    shares = collapse.cross_entropy_share(reverser, pairs)
+def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser, tmp_path):
+    loaded = load_model(reverser)
+    tok = loaded.src_tokenizer
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    lines = [t for t in TEXTS if len(tok.encode(t)) >= 3][:6]
+    src.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    # the reverser's targets: its source pieces reversed (one vocabulary for both sides)
+    ref.write_text("".join(tok.decode(tok.encode(t)[::-1]) + "\n" for t in lines), encoding="utf-8")
+    reading = figures(reverser, src, ref)
+    assert [s["layer"] for s in reading["layers"]] == [0, 1, 2]
+    assert reading["layers"][-1]["similarity"] < 0.9
+    shares = reading["cross_entropy_share"]
     assert len(shares) == 2 and min(shares) < 0.8  # the reverser looks at particular words
 
     # a huge constant added by each FFN swamps the residual stream under post-norm
+    model = loaded.model
     with torch.no_grad():
-        for layer in reverser.encoder:
+        for layer in model.encoder:
             layer.ffn.w2.bias.copy_(torch.linspace(-1, 1, 32) * 1e4)
-    broken = collapse.encoder_stats(reverser, src, mask)
-    assert broken[-1].similarity > 0.999
-    assert broken[-1].ffn_norm > 100 * broken[-1].residual_norm
-    assert min(collapse.cross_entropy_share(reverser, pairs)) > 0.99
+    broken = save_model(tmp_path / "broken", model, loaded.cfg, {"spm.model": reverser / "spm.model"})
+    got = figures(broken, src, ref)
+    last = got["layers"][-1]
+    assert last["similarity"] > 0.999
+    assert last["ffn_norm"] > 100 * last["residual_norm"]
+    assert min(got["cross_entropy_share"]) > 0.99
 
 
-def test_cli_prints_the_table_and_rejects_a_missing_file(tmp_path, capsys):
-    model = reverser_model_dir(tmp_path / "m")
+def test_cli_prints_the_table_and_rejects_a_missing_file(reverser, tmp_path):
     src = tmp_path / "src.txt"
     src.write_text("hello world\nthe cat sat\n", encoding="utf-8")
-    assert collapse.main(["--model", str(model), "--src", str(src), "--ref", str(src)]) == 0
-    out = capsys.readouterr().out
-    assert "position similarity" in out and "entropy / uniform" in out
-    assert collapse.main(["--model", str(model), "--src", str(tmp_path / "nope.txt")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and "nope.txt" in err and "Traceback" not in err
+    done = collapse("--model", reverser, "--src", src, "--ref", src)
+    assert done.returncode == 0, done.stderr
+    assert "position similarity" in done.stdout and "entropy / uniform" in done.stdout
+    done = collapse("--model", reverser, "--src", tmp_path / "nope.txt")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error:") and "nope.txt" in done.stderr
+    assert "Traceback" not in done.stderr

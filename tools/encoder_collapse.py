@@ -1,7 +1,7 @@
 """Does a trained model read its source? Measures an encoder that has collapsed to one vector.
 
     python tools/encoder_collapse.py --model runs/parsing/e2/model \
-        --src runs/parsing/corpus/valid.words --ref runs/parsing/corpus/valid.tree [--lines 50]
+        --src runs/parsing/corpus/valid.words --ref runs/parsing/corpus/valid.tree [--lines 50] [--json]
 
 Prints, per encoder layer, the mean cosine similarity between the outputs at different positions
 of one sentence (1.00: every position the same vector, so the decoder cannot tell the words
@@ -17,8 +17,9 @@ Written here rather than taken from a library: it reads the sub-layers of aiayn'
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--ref", help="their references (targets), one per line")
     p.add_argument("--lines", type=int, default=50, help="how many lines to read (default 50)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead")
     args = p.parse_args(argv)
     try:
         loaded = load_model(args.model)
@@ -114,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{args.src}: no source pieces in the first {args.lines} lines")
         src, src_mask = source_batch(ids)
         model = loaded.model.eval()
-        print("layer  position similarity  |attn|   |ffn|  |residual in|")
-        for s in encoder_stats(model, src, src_mask):
+        stats = encoder_stats(model, src, src_mask)
+        if not args.json:
+            print("layer  position similarity  |attn|   |ffn|  |residual in|")
+        for s in [] if args.json else stats:
             print(f"{s.layer:5d}  {s.similarity:19.3f}  {s.attn_norm:6.1f}  {s.ffn_norm:6.1f}  "
                   f"{s.residual_norm:12.1f}")
+        shares = None
         if args.ref:
             with open(args.ref, encoding="utf-8") as f:
                 refs = [line.rstrip("\n") for _, line in zip(range(len(lines)), f)]
@@ -125,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"{args.ref}: {len(refs)} lines, {args.src}: {len(lines)}")
             pairs = [(i, loaded.tgt_tokenizer.encode(r)) for i, r in zip(ids, refs)]
             shares = cross_entropy_share(model, collate(pairs, range(len(pairs))))
-            print("encoder-decoder attention entropy / uniform, per decoder layer: "
-                  + " ".join(f"{s:.2f}" for s in shares))
+            if not args.json:
+                print("encoder-decoder attention entropy / uniform, per decoder layer: "
+                      + " ".join(f"{s:.2f}" for s in shares))
+        if args.json:
+            print(json.dumps({"layers": [asdict(s) for s in stats], "cross_entropy_share": shares}))
     except (UserError, OSError, UnicodeDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -50,7 +50,7 @@ uint8 with the same zero point and step. Both sum the integer products exactly, 
 only in the float32 rounding of the scaling. oneDNN is the pre-softmax projection's kernel where
 the CPU has AVX512-VNNI (`projection_kernel`): it costs more per call than fbgemm, which only
 the projection's wide output (V columns) repays; on the narrow products of the layers (d_model
-or d_ff columns) fbgemm was faster, and they stay on it (`benchmarks/int8_kernels.py` times both
+or d_ff columns) fbgemm was faster, and they stay on it (`tools/int8_kernels.py` times both
 kernels on every call; measured in docs/experiments/decoding.md). On AVX2 alone the projection
 stays on fbgemm, the kernel measured there. oneDNN's rows are padded to a multiple of
 `ROW_MULTIPLE` above that many, as bf16's are, since it keeps a kernel for every row count it meets.

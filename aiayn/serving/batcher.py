@@ -55,7 +55,7 @@ def in_passing_thread(fn: Callable[[], T]) -> T:
     the pools' threads outnumber the cores, libgomp stops letting idle workers spin, and every
     parallel region pays for waking one: a LayerNorm over (16, 1, 128) on a worker thread took
     9.3 us when its pool was the only one and 121.5 us when the main thread had run parallel
-    work first (2 torch threads, 2-core AVX2 EPYC; `benchmarks/omp_pools.py`); `aiayn serve`
+    work first (2 torch threads, 2-core AVX2 EPYC; docs/experiments/decoding.md); `aiayn serve`
     with 2 threads decoded at half its 1-thread speed that way. The pool of a thread that has
     ended goes with it (10.6 us).
     """

@@ -2,7 +2,7 @@
 kernels, one arithmetic"): which kernel each int8 product of `aiayn translate --precision int8`
 should take on the CPU at hand.
 
-    .venv/bin/python benchmarks/int8_kernels.py --model runs/m30k/model \\
+    .venv/bin/python tools/int8_kernels.py --model runs/m30k/model \\
         --src runs/m30k/data/test.src.txt --out runs/int8-kernels.json
 
 1. Every distinct product of the converted model ((K, N), whether it reads a ReLU's output):
@@ -17,12 +17,14 @@ should take on the CPU at hand.
 
 Run under `aiayn translate`'s memory settings (`aiayn.memory.tune_memory`, the C library's
 malloc). The kernels' integer sums are equal (tests/test_decoding_int8.py), so the choice is speed only.
-Prints a table per part; `--out` writes both as JSON (refuses to overwrite).
+Prints a table per part; `--out` writes both as JSON (refuses to overwrite), each search with the
+sha256 of its outputs (token ids, as JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -180,7 +182,8 @@ def main() -> int:
             translator.options = replace(translator.options, early_stop=rule)
             translator.search(sources[:100])  # warm-up
             split = search_split(translator, sources)
-            del split["outputs"]
+            outputs = json.dumps(split.pop("outputs")).encode()  # to compare, not to read
+            split["outputs_sha256"] = hashlib.sha256(outputs).hexdigest()
             s = split["projection_seconds"]
             result["searches"].append({"early_stop": rule, **split})
             print(f"search, {rule}: {split['calls']} projection calls, {split['rows']:,} rows; "

@@ -11,7 +11,7 @@ recipe of scripts/multi30k.sh (docs/experiments/performance.md), e.g. one run pe
 
     OUT=runs/m30k-sys AIAYN_ALLOCATOR=system bash scripts/multi30k.sh
     OUT=runs/m30k-sys-pad8 AIAYN_ALLOCATOR=system TRAIN_ARGS="--set pad_multiple=8" bash scripts/multi30k.sh
-    .venv/bin/python benchmarks/long_run.py runs/m30k-sys runs/m30k-sys-pad8 --plot docs/img/x.png
+    .venv/bin/python tools/long_run.py runs/m30k-sys runs/m30k-sys-pad8 --plot docs/img/x.png
 
 A RUN is a recipe directory (with run/ inside) or a run directory itself. Medians, so that a
 minute of other load on the machine does not move the figure much; the machine must still be

@@ -5,8 +5,8 @@ runs alternating (A B C A B C ...) so drift of the machine's speed hits all alik
 variant, training target tokens/s, minor page faults per update and peak RSS, and the ratios to
 glibc's defaults.
 
-    .venv/bin/python benchmarks/bench_memory.py --data runs/multi30k-en-de/data --minutes 1.5
-    .venv/bin/python benchmarks/bench_memory.py --data DIR --preset translation-small-v2 --repeats 3
+    .venv/bin/python tools/bench_memory.py --data runs/multi30k-en-de/data --minutes 1.5
+    .venv/bin/python tools/bench_memory.py --data DIR --preset translation-small-v2 --repeats 3
 
 Each run is a fresh process (the settings must precede torch's first allocation), with no dev
 evaluation and no checkpoint until the end. Over a whole run, compare the tokens/s of two runs'

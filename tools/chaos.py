@@ -17,7 +17,7 @@ starts writing its output (the moment a temporary appears), then checks:
 Prints a tally per command and exits 1 if any trial failed. The documented run
 (docs/experiments/chaos.md):
 
-    .venv/bin/python benchmarks/chaos.py --trials 50
+    .venv/bin/python tools/chaos.py --trials 50
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests"))  # the test suite's fixtures, at the documented sizes
+sys.path.insert(0, str(REPO / "benchmarks"))  # provenance: the CPU and the commit, as benchmarks say them
 
 from aiayn.files import is_temporary  # noqa: E402
 

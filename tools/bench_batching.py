@@ -7,9 +7,9 @@ Prints, per max_tokens budget, the batch count, padding fraction and millisecond
 planning and for collating, and, with `--step-preset`, that cost as a share of one training step
 (forward, label-smoothed loss, backward, Adam) of that preset on the same batches (target: < 2%).
 
-    .venv/bin/python benchmarks/bench_batching.py --step-preset translation-tiny-v2 --max-tokens 4096
-    .venv/bin/python benchmarks/bench_batching.py --max-tokens 4096 25000 --epochs 3
-    .venv/bin/python benchmarks/bench_batching.py --plan-only --pairs 10000000   # start-up at scale
+    .venv/bin/python tools/bench_batching.py --step-preset translation-tiny-v2 --max-tokens 4096
+    .venv/bin/python tools/bench_batching.py --max-tokens 4096 25000 --epochs 3
+    .venv/bin/python tools/bench_batching.py --plan-only --pairs 10000000   # start-up at scale
 
 `--plan-only` times the sampler alone (no ids), this tree's against a peer revision's
 (`--peer-ref`, default the last one that planned a whole epoch before its first batch): building
