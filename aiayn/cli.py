@@ -2,9 +2,12 @@
 
 Each subcommand lives in `aiayn/commands/<name>.py` with `add_arguments(parser)` and
 `main(args) -> int`. A `UserError`, or an I/O failure (a full disk, a read-only directory), becomes
-one line on stderr and exit status 2, no traceback. Every command module is imported to build the
-parser, so each imports what it runs (torch and the rest) inside `main`: `aiayn --help` and a
-mistyped option answer at once.
+one line on stderr and exit status 2, no traceback. Only the module of the command named on the
+command line is imported (`aiayn --help` imports none). The import rule: a command module imports
+at its top all it uses except what loads numpy, torch or another library measured to take 0.05 s
+or more to import (matplotlib, sacrebleu, sacremoses, fastapi, an exporter's), which it imports in
+the function that needs it, so that `aiayn COMMAND --help` and a mistyped option answer at once
+(docs/experiments/performance.md; tests/test_cli_conventions.py checks it).
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import argparse
 import importlib
 import sys
 import textwrap
+from typing import Collection
 
 from aiayn.commands.common import RetiredSpelling
 from aiayn.errors import UserError
 from aiayn.files import io_failure
 from aiayn.memory import restart_with_allocator, tune_memory
 
-# name -> (module under aiayn.commands, one-line help). Each module imports what its work needs
-# inside `main`, so that building the parser (which imports every module) stays cheap.
+# name -> (module under aiayn.commands, one-line help); `aiayn --help` lists them from here.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("prepare", "learn a shared BPE vocabulary and binarize a parallel corpus"),
     "train": ("train", "train a model on a prepared dataset"),
@@ -85,7 +88,10 @@ RETIRED_COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of `aiayn`, with the options of `commands` (None: every command's, as the tests
+    walk them): only their modules are imported; the other commands stay valid choices, with
+    empty parsers."""
     parser = argparse.ArgumentParser(
         prog="aiayn", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"{__doc__.splitlines()[0]}\n\n{command_list()}",
@@ -96,14 +102,31 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (mod, help_) in COMMANDS.items():
         # no help=: argparse would list the commands again, ungrouped
         p = sub.add_parser(name, description=help_)
-        module = importlib.import_module(f"aiayn.commands.{mod}")
-        module.add_arguments(p)
-        p.set_defaults(_module=module, _parser=p)
+        if commands is None or name in commands:
+            module = importlib.import_module(f"aiayn.commands.{mod}")
+            module.add_arguments(p)
+            p.set_defaults(_module=module, _parser=p)
     return parser
+
+
+def named_command(argv: list[str]) -> str | None:
+    """The command an `aiayn` command line names: its first word that is not an option (the
+    top-level parser takes no option with a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 # import names whose pip package is named otherwise
 _PIP_NAMES = {"yaml": "pyyaml", "google": "protobuf", "PIL": "pillow", "sklearn": "scikit-learn"}
+
+
+def missing_package(e: ModuleNotFoundError) -> str | None:
+    """The line for one of aiayn's dependencies missing (aiayn run from source); None for a
+    missing module of aiayn itself (a bug)."""
+    top = (e.name or "").split(".")[0]
+    if not top or top == "aiayn":
+        return None
+    return (f"the Python package {top!r} is not installed; install aiayn with its dependencies "
+            f"(pip install -e .) or that package (pip install {_PIP_NAMES.get(top, top)})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,11 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn {args_list[0]}: error: this command was retired; "
               f"{RETIRED_COMMANDS[args_list[0]]}", file=sys.stderr)
         return 2
-    parser = build_parser()
+    command = named_command(args_list)
     try:
+        parser = build_parser([command] if command else [])  # imports that command's module only
         args = parser.parse_args(argv)
     except RetiredSpelling as e:  # an old option spelling: one line naming the new one
         print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # a dependency the command's module imports at its top
+        line = missing_package(e)
+        if line is None:
+            raise
+        print(f"aiayn {command}: error: {line}", file=sys.stderr)
         return 2
     try:
         return int(args._module.main(args) or 0)
@@ -139,12 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except ModuleNotFoundError as e:  # one of aiayn's dependencies missing (aiayn run from source)
-        top = (e.name or "").split(".")[0]
-        if not top or top == "aiayn":
+        line = missing_package(e)
+        if line is None:
             raise
-        print(f"aiayn {args.command}: error: the Python package {top!r} is not installed; "
-              f"install aiayn with its dependencies (pip install -e .) or that package "
-              f"(pip install {_PIP_NAMES.get(top, top)})", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {line}", file=sys.stderr)
         return 2
     except Exception as e:  # a disk that filled up, a directory that is not writable: one line
         line = io_failure(e)

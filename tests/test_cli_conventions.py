@@ -10,10 +10,13 @@ import gzip
 import hashlib
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from aiayn.cli import COMMANDS, GROUPS, build_parser
+from aiayn.cli import COMMANDS, GROUPS, build_parser, named_command
 from aiayn.cli import main as cli_main
 from aiayn.commands.common import DEVICE_HELP, PRECISIONS, RetiredOption, RetiredPositionals
 from aiayn.data.corpus import ParallelSource
@@ -318,3 +321,38 @@ def test_study_refuses_a_directory_that_holds_no_study(tmp_path):
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     open_study(tmp_path / "new", StudySettings(), Data())  # a new directory is fine
     assert (tmp_path / "new" / "study.json").is_file()
+
+
+# --- commands are thin: imports by what they cost ---------------------------------------------
+
+def test_the_command_line_names_the_one_module_to_import():
+    assert named_command(["--help"]) is None and named_command([]) is None
+    assert named_command(["train", "--data", "d"]) == "train"
+    assert named_command(["--bogus", "plot", "positions"]) == "plot"
+
+
+# Libraries that take 0.05 s or more to import (docs/experiments/performance.md): a command
+# imports them in the function that needs them, never while its parser is built.
+HEAVY = ("numpy", "torch", "matplotlib", "sacrebleu", "sacremoses", "transformers", "onnx",
+         "ctranslate2", "tensorboard", "fastapi")
+
+
+def test_help_imports_only_the_named_command_and_nothing_heavy():
+    code = """
+import json, sys
+from aiayn.cli import build_parser
+def commands():
+    return sorted(m for m in sys.modules if m.startswith("aiayn.commands."))
+build_parser([])
+top = commands()
+build_parser(["evalb"])
+one = commands()
+build_parser()
+print(json.dumps([top, one, [m for m in %r if m in sys.modules]]))
+""" % (HEAVY,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    top, one, heavy = json.loads(out)
+    assert top == ["aiayn.commands.common"]  # aiayn --help imports no command
+    assert one == ["aiayn.commands.common", "aiayn.commands.evalb"]
+    assert heavy == []  # every command's --help answers without them
