@@ -12,12 +12,16 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 
 from aiayn.cli import COMMANDS, GROUPS, build_parser, named_command
 from aiayn.cli import main as cli_main
+from aiayn.commands import prepare as prepare_command
+from aiayn.commands import train as train_command
+from aiayn.commands.args import options_from_args
 from aiayn.commands.common import DEVICE_HELP, PRECISIONS, RetiredOption, RetiredPositionals
 from aiayn.data.corpus import ParallelSource
 from aiayn.data.prepare import PrepareOptions, prepare_dataset
@@ -26,6 +30,7 @@ from aiayn.presets import load_config
 from aiayn.progress import Progress
 from aiayn.recipes.download import download_files
 from aiayn.recipes.table3_study import StudySettings, open_study
+from aiayn.training.options import TrainOptions
 
 # The commands that compute with a model: each takes --precision and --device.
 COMPUTING = {"train", "translate", "parse", "serve", "attention", "evaluate", "demo", "study"}
@@ -323,7 +328,56 @@ def test_study_refuses_a_directory_that_holds_no_study(tmp_path):
     assert (tmp_path / "new" / "study.json").is_file()
 
 
-# --- commands are thin: imports by what they cost ---------------------------------------------
+# --- commands are thin: options by field name, imports by what they cost --------------------
+
+# The options of a command that fill no field of its name, and the fields no option sets.
+DERIVED = {
+    "train": (TrainOptions, train_command.train_options, ["--data", "d", "--out", "r"],
+              {"fit_saves_to_budget", "tensorboard", "progress"}),
+    "prepare": (PrepareOptions, prepare_command.prepare_options,
+                ["--src-lang", "de", "--tgt-lang", "en", "--train", "x", "--out", "y"],
+                {"byte_fallback", "character_coverage"}),
+}
+
+
+@pytest.mark.parametrize("command", sorted(DERIVED))
+def test_every_options_field_comes_from_the_option_of_its_name_or_is_listed(command):
+    cls, build, argv, derived = DERIVED[command]
+    parser = PARSERS[f"aiayn {command}"]
+    args = parser.parse_args(argv)
+    by_name = {f.name for f in fields(cls)} & {a.dest for a in parser._actions}
+    assert {f.name for f in fields(cls)} - by_name == derived  # a new field needs an option
+    for name in by_name:  # each reaches its field, whatever its value
+        marked = argparse.Namespace(**{**vars(args), name: object()})
+        assert getattr(build(marked), name) is getattr(marked, name), name
+
+
+def test_train_options_are_the_defaults_unless_given():
+    parser = PARSERS["aiayn train"]
+    options = train_command.train_options(parser.parse_args(["--data", "d", "--out", "r"]))
+    assert options == TrainOptions(fit_saves_to_budget=True)  # saves fit to a time budget
+    options = train_command.train_options(parser.parse_args(
+        ["--data", "d", "--out", "r", "--save-minutes", "5", "--eval-bleu-sentences", "0",
+         "--no-tensorboard", "--no-progress", "--max-steps", "9"]))
+    assert options == TrainOptions(save_minutes=5.0, eval_bleu_sentences=0, tensorboard=False,
+                                   progress=False, max_steps=9)
+
+
+def test_options_from_args_refuses_a_field_no_option_sets():
+    @dataclass
+    class Options:
+        steps: int = 3
+        seed: int | None = 1
+        quiet: bool = False
+
+    args = argparse.Namespace(steps=5, seed=None, loud=True)
+    assert options_from_args(Options, args, quiet=not args.loud) == Options(steps=5, seed=1)
+    assert options_from_args(Options, args, defaults=["quiet"]) == Options(steps=5, seed=1)
+    with pytest.raises(TypeError, match="no option sets quiet"):
+        options_from_args(Options, args)
+    with pytest.raises(TypeError, match="no field loud"):
+        options_from_args(Options, args, loud=True)
+
 
 def test_the_command_line_names_the_one_module_to_import():
     assert named_command(["--help"]) is None and named_command([]) is None

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
+from aiayn.commands.args import options_from_args
 from aiayn.commands.common import add_no_progress_argument, refuse_unused, set_examples
+
+if TYPE_CHECKING:
+    from aiayn.data.prepare import PrepareOptions
 
 CORPUS_HELP = "PREFIX (PREFIX.SRC_LANG + PREFIX.TGT_LANG, optionally .gz), FILE.tsv, or two files SRC TGT"
 
@@ -66,9 +71,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_no_progress_argument(p)
 
 
+def prepare_options(args: argparse.Namespace) -> PrepareOptions:
+    """`PrepareOptions` from the parsed arguments: each field from the option of its name (one
+    not given: the field's default, whose reasons are written there); the tokenizer's byte
+    fallback and character coverage stay at their defaults."""
+    from aiayn.data.prepare import PrepareOptions  # loads torch, as in main
+
+    return options_from_args(PrepareOptions, args, defaults=("byte_fallback", "character_coverage"))
+
+
 def main(args: argparse.Namespace) -> int:
     from aiayn.data.corpus import find_parallel
-    from aiayn.data.prepare import PrepareOptions, format_summary, prepare_dataset
+    from aiayn.data.prepare import format_summary, prepare_dataset
     from aiayn.errors import UserError
 
     def log(msg: str) -> None:
@@ -78,14 +92,7 @@ def main(args: argparse.Namespace) -> int:
         refuse_unused(args, ["vocab_size", "separate_vocab", "model_type", "tgt_model_type",
                              "tgt_vocab_size", "vocab_sample"],
                       f"--vocab-from {args.vocab_from} encodes with that model's vocabulary")
-    options = PrepareOptions(
-        src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab_size=args.vocab_size, vocab_from=args.vocab_from,
-        separate_vocab=args.separate_vocab, model_type=args.model_type,
-        tgt_model_type=args.tgt_model_type, tgt_vocab_size=args.tgt_vocab_size, max_len=args.max_len,
-        max_ratio=args.max_ratio,
-        # unset: PrepareOptions' default, whose reasons are written there
-        **({} if args.vocab_sample is None else {"vocab_sample": args.vocab_sample}),
-    )
+    options = prepare_options(args)
     options.check()
     splits = {"train": find_parallel(args.train, args.src_lang, args.tgt_lang)}
     if args.valid:

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from aiayn.commands.args import options_from_args
 from aiayn.commands.common import (
     add_device_argument,
     add_no_progress_argument,
@@ -91,10 +92,8 @@ def main(args: argparse.Namespace) -> int:
         base = load_config("table3", overrides=args.set)
         if args.max_steps is not None:
             base = replace(base, max_steps=args.max_steps)
-        settings = StudySettings(base=base, eval_every=args.eval_every,
-                                 eval_bleu_sentences=args.eval_bleu_sentences)
-        options = RunOptions(device=args.device, threads=args.threads, save_every=args.save_every,
-                             precision=args.precision, progress=not args.no_progress)
+        settings = options_from_args(StudySettings, args, base=base, defaults=("beam_size", "dev_split"))
+        options = options_from_args(RunOptions, args, progress=not args.no_progress, defaults=("say",))
         run_study(args.data, args.out, plan(args.rows, args.seeds), settings, options)
     doc = report(args.out)
     if args.json:

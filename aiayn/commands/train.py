@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from aiayn.commands.args import options_from_args
 from aiayn.commands.common import (
     add_device_argument,
     add_no_progress_argument,
@@ -18,6 +19,7 @@ from aiayn.commands.common import (
     set_examples,
     torch_device,
 )
+from aiayn.training.options import TrainOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,12 +90,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
+def train_options(args: argparse.Namespace) -> TrainOptions:
+    """`TrainOptions` from the parsed arguments: each field from the option of its name (one not
+    given: the field's default), these three derived from options of other names."""
+    return options_from_args(TrainOptions, args, fit_saves_to_budget=args.save_minutes is None,
+                             tensorboard=not args.no_tensorboard, progress=not args.no_progress)
+
+
 def main(args: argparse.Namespace) -> int:
     from aiayn.errors import UserError
     from aiayn.presets import load_config
     from aiayn.tasks import read_model_config, task_for_data
     from aiayn.training.seq2seq import Seq2SeqTask
-    from aiayn.training.trainer import TrainOptions, train
+    from aiayn.training.trainer import train
 
     check_train_precision(args, "train")
     if args.device is not None:
@@ -107,18 +116,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = read_model_config(args.init_from).with_overrides(args.set)  # the model's own config
     elif not (args.resume and args.preset is None and args.config is None and not args.set):
         cfg = load_config(args.preset, args.config, args.set)
-    options = TrainOptions(
-        max_steps=args.max_steps, max_epochs=args.max_epochs, time_budget=args.time_budget, eval_every=args.eval_every,
-        eval_bleu_sentences=200 if args.eval_bleu_sentences is None else args.eval_bleu_sentences,
-        save_every=args.save_every,
-        save_minutes=10.0 if args.save_minutes is None else args.save_minutes,
-        fit_saves_to_budget=args.save_minutes is None, keep=args.keep, seed=args.seed, resume=args.resume,
-        overwrite=args.overwrite, precision=args.precision, compile=args.compile, accum=args.accum,
-        batch_tokens=args.batch_tokens, device=args.device, threads=args.threads,
-        log_every=args.log_every, peak_tflops=args.peak_tflops, max_nonfinite=args.max_nonfinite,
-        tensorboard=not args.no_tensorboard, progress=not args.no_progress, dev_split=args.dev_split,
-        init_from=args.init_from)
-    summary = train(cfg, task, args.out, options)
+    summary = train(cfg, task, args.out, train_options(args))
     if args.json and summary:
         json.dump(summary, sys.stdout, indent=2, default=str)
         print()

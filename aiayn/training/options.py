@@ -1,6 +1,8 @@
 """`TrainOptions`: everything about a training run that is not the model and recipe (`Config`):
-how long, how often to evaluate and save, resuming, precision, devices, logging. `aiayn train`'s
-flags map one to one onto its fields."""
+how long, how often to evaluate and save, resuming, precision, devices, logging. `aiayn train`
+fills each field from its option of the same name (`train_options` in aiayn/commands/train.py; an
+option not given leaves the default here), and derives `fit_saves_to_budget`, `tensorboard` and
+`progress` from others: a new field needs an option of its name, or a line there."""
 
 from __future__ import annotations
 
