@@ -7,8 +7,10 @@ last 20).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from aiayn.commands.common import set_examples
+from aiayn.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,9 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from aiayn.errors import UserError
+    # these load torch (a second here): imported here so that --help and a mistyped option answer at once
     from aiayn.tasks import read_model_config
     from aiayn.training.average import average_checkpoints
     from aiayn.training.checkpoint import list_checkpoints

@@ -7,6 +7,9 @@ training run), model/ (its averaged checkpoints) and results.json; run again, it
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from aiayn.commands.common import (
     add_device_argument,
@@ -17,6 +20,9 @@ from aiayn.commands.common import (
     set_examples,
     torch_device,
 )
+from aiayn.errors import UserError
+from aiayn.presets import load_config
+from aiayn.recipes.g2p import format_results, run_g2p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,8 +67,6 @@ def check_out(out) -> None:
     """Refuse an --out holding anything the demo does not write (it rewrites its corpus on every
     run, and --retrain replaces its run and model): a user's own directory stays untouched.
     Hidden siblings of the demo's names (locks, temporary and partial files) are its own."""
-    from aiayn.errors import UserError
-
     def foreign(directory, names):
         return sorted(p.name for p in directory.iterdir() if p.name not in names
                       and not any(p.name.startswith(f".{n}.") for n in names))
@@ -78,14 +82,6 @@ def check_out(out) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import json
-    import sys
-    from pathlib import Path
-
-    from aiayn.errors import UserError
-    from aiayn.presets import load_config
-    from aiayn.recipes.g2p import format_results, run_g2p
-
     if args.time_budget <= 0:
         raise UserError(f"--time-budget must be > 0, got {args.time_budget}")
     if args.keep is not None and args.keep < 1:

@@ -9,6 +9,8 @@ import argparse
 import sys
 
 from aiayn.commands.common import add_no_progress_argument, set_examples
+from aiayn.errors import UserError
+from aiayn.recipes.download import MULTI30K_FILES, MULTI30K_URL, download_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,12 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.errors import UserError
-    from aiayn.recipes.download import MULTI30K_FILES, MULTI30K_URL, download_files
-
     progress = not args.no_progress
     if args.dataset == "wmt14":
-        from aiayn.recipes.wmt14 import download_wmt14
+        from aiayn.recipes.wmt14 import download_wmt14  # loads numpy: here, so that --help answers at once
 
         record = download_wmt14(args.pair, args.out, args.base_url, progress=progress,
                                 log=lambda msg: print(msg, file=sys.stderr, flush=True))

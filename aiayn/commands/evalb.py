@@ -7,8 +7,11 @@ most 40 words; per-sentence rows as EVALB prints them.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from aiayn.commands.common import set_examples
+from aiayn.parsing.evalb import COLLINS, evalb, format_report, read_params, retag_from_gold
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,11 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import json
-    import sys
-
-    from aiayn.data.corpus import read_lines
-    from aiayn.parsing.evalb import COLLINS, evalb, format_report, read_params, retag_from_gold
+    from aiayn.data.corpus import read_lines  # loads numpy: here, so that --help answers at once
 
     params = read_params(args.prm) if args.prm else COLLINS
     gold, test = read_lines(args.gold), read_lines(args.test)

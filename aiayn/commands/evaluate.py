@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from aiayn.commands.common import (
     add_device_argument,
@@ -30,6 +31,9 @@ from aiayn.commands.common import (
     torch_device,
 )
 from aiayn.errors import UserError
+from aiayn.evaluation.bleu import BleuResult
+from aiayn.evaluation.sacre import chrf, sacre_bleu
+from aiayn.evaluation.tokenized import tokenized_bleu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def target_language(args: argparse.Namespace) -> str:
     """--lang, else the model's target language, else that of the prepared dataset --ref lies in
     (test.src.txt is its source side); a UserError asking for --lang when none of them says."""
-    from pathlib import Path
-
+    # these load numpy and torch: imported here so that --help and a mistyped option answer at once
     from aiayn.data.dataset import read_manifest
     from aiayn.data.model_dir import read_meta
 
@@ -83,7 +86,7 @@ def target_language(args: argparse.Namespace) -> str:
 
 def _read_lines(path: str) -> list[str]:
     """Lines of a text file (or '-' for stdin), errors as one line naming file and line."""
-    from aiayn.data.corpus import decode_utf8, read_lines, split_lines
+    from aiayn.data.corpus import decode_utf8, read_lines, split_lines  # loads numpy: see cli.py
 
     if path == "-":
         return split_lines(decode_utf8(sys.stdin.buffer.read(), "<stdin>"))
@@ -104,9 +107,6 @@ def _style(lang: str, lowercase: bool) -> tuple[str, dict]:
 
 def score(hyps: list[str], refs: list[str], lang: str, lowercase: bool = False) -> dict:
     """All three scores as one JSON-ready dict (what `--json` prints, less the file names)."""
-    from aiayn.evaluation.sacre import chrf, sacre_bleu
-    from aiayn.evaluation.tokenized import tokenized_bleu
-
     description, kwargs = _style(lang, lowercase)
     tok = tokenized_bleu(hyps, refs, lang=lang, **kwargs)
     ch = chrf(hyps, refs, lowercase=lowercase)
@@ -120,8 +120,6 @@ def score(hyps: list[str], refs: list[str], lang: str, lowercase: bool = False) 
 
 def format_table(result: dict) -> str:
     """The scores as a small aligned table, then the signatures that make them reproducible."""
-    from aiayn.evaluation.bleu import BleuResult
-
     sb = BleuResult(**result["sacrebleu"])
     tb = BleuResult(**{k: v for k, v in result["tokenized_bleu"].items() if k != "style"})
     ch = result["chrf"]
@@ -190,6 +188,7 @@ def model_perplexity(model_dir: str, srcs: list[str], refs: list[str],
     """Teacher-forced per-token perplexity of `refs` given `srcs` under a model directory, on
     `device` (None: the GPU when there is one), under `precision`'s autocast (as training's dev
     figures; auto: `aiayn.precision.auto_precision`)."""
+    # these load torch (a second here): imported here so that --help and a mistyped option answer at once
     from aiayn.data.model_dir import load_model
     from aiayn.evaluation.perplexity import perplexity, score_ids
     from aiayn.training.precision import Precision

@@ -53,6 +53,8 @@ def main(args: argparse.Namespace) -> int:
     if args.format != "ctranslate2" and args.precision != "fp32":
         raise UserError(f"--precision {args.precision}: the {args.format} export stores fp32 "
                         f"weights (quantize in its own runtime)")
+    # Each exporter loads torch and its optional library (transformers, onnx, ctranslate2), and
+    # only its own: imported in its branch, so that --help answers at once.
     if args.format == "huggingface":
         from aiayn.export.huggingface import export_huggingface
 

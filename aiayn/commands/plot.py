@@ -10,9 +10,11 @@ TSV or JSON lines (format: aiayn/viz/records.py).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from aiayn.commands.common import retire, set_examples
 from aiayn.errors import UserError
+from aiayn.files import check_writable
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -71,8 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_figure(args: argparse.Namespace):
     """The figure `args` asks for (validated: UserError on bad values)."""
-    from pathlib import Path
-
+    # these load matplotlib and numpy: imported here so that --help and a mistyped option answer at once
     from aiayn.viz import plots
     from aiayn.viz.records import read_metrics, read_study
 
@@ -102,8 +103,7 @@ def build_figure(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.files import check_writable
-    from aiayn.viz.figures import save_figure
+    from aiayn.viz.figures import save_figure  # loads matplotlib, as build_figure says
 
     check_writable(args.output, args.overwrite)
     if not args.output.lower().endswith((".png", ".svg", ".pdf")):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.commands.args import options_from_args
 from aiayn.commands.common import add_no_progress_argument, refuse_unused, set_examples
+from aiayn.errors import UserError
 
 if TYPE_CHECKING:
     from aiayn.data.prepare import PrepareOptions
@@ -81,9 +82,9 @@ def prepare_options(args: argparse.Namespace) -> PrepareOptions:
 
 
 def main(args: argparse.Namespace) -> int:
+    # these load numpy and torch: imported here so that --help and a mistyped option answer at once
     from aiayn.data.corpus import find_parallel
     from aiayn.data.prepare import format_summary, prepare_dataset
-    from aiayn.errors import UserError
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -19,17 +19,22 @@ of any length is scored in bounded memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import IO, Iterator
 
+from aiayn.checks import reading
 from aiayn.commands.common import (
     add_device_argument,
     add_precision_argument,
     check_train_precision,
     set_examples,
+    torch_device,
 )
 from aiayn.errors import UserError
+from aiayn.files import atomic_write, check_writable
+from aiayn.locks import exclusive_lock
 
 CHUNK = 10_000  # lines read, sorted by length and scored at a time
 
@@ -59,8 +64,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _lines(path: str) -> Iterator[str]:
     """The lines of a UTF-8 file, streamed (no newline); a bad byte is one line naming it."""
-    from aiayn.checks import reading
-
     with reading(path), open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -119,13 +122,9 @@ def _write(out: IO[str], rows: list[tuple[int, str, str, list[str]]], scores, fm
 
 
 def main(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from aiayn.commands.common import torch_device
+    # these load torch (a second here): imported here so that --help and a mistyped option answer at once
     from aiayn.data.model_dir import load_model
     from aiayn.evaluation.perplexity import score_ids
-    from aiayn.files import atomic_write, check_writable
-    from aiayn.locks import exclusive_lock
     from aiayn.training.precision import Precision
 
     check_train_precision(args, "score")

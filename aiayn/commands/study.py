@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from aiayn.commands.args import options_from_args
 from aiayn.commands.common import (
@@ -25,6 +26,10 @@ from aiayn.commands.common import (
     set_examples,
     torch_device,
 )
+from aiayn.errors import UserError
+from aiayn.presets import load_config
+from aiayn.recipes.table3_report import report
+from aiayn.recipes.table3_study import RunOptions, StudySettings, plan, run_study
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,13 +77,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.study == "table1":
         return table1(args)
-    from dataclasses import replace
-
-    from aiayn.errors import UserError
-    from aiayn.presets import load_config
-    from aiayn.recipes.table3_report import report
-    from aiayn.recipes.table3_study import RunOptions, StudySettings, plan, run_study
-
     if not args.report_only:
         if args.data is None:
             raise UserError("--data is required (or --report-only to gather a study)")
@@ -107,19 +105,18 @@ def main(args: argparse.Namespace) -> int:
 
 def table1(args: argparse.Namespace) -> int:
     """Table 1 measured (aiayn/recipes/table1.py), or with --report-only its report redrawn."""
-    from aiayn import errors
-    from aiayn.recipes.table1 import RESULT_FILE, Settings, run
+    from aiayn.recipes.table1 import RESULT_FILE, Settings, run  # loads torch: see cli.py
 
     for name in ("data", "rows", "seeds", "max_steps"):
         if getattr(args, name) is not None:
-            raise errors.UserError(f"--{name.replace('_', '-')} is Table 3's; Table 1 takes "
-                                   f"--set NAME=VALUE of its settings")
+            raise UserError(f"--{name.replace('_', '-')} is Table 3's; Table 1 takes "
+                            f"--set NAME=VALUE of its settings")
     if args.device not in (None, "cpu"):
-        raise errors.UserError(f"--device {args.device}: Table 1 is measured on the CPU")
+        raise UserError(f"--device {args.device}: Table 1 is measured on the CPU")
     if args.precision not in ("auto", "fp32"):
-        raise errors.UserError(f"--precision {args.precision}: Table 1 is measured in fp32")
+        raise UserError(f"--precision {args.precision}: Table 1 is measured in fp32")
     if args.threads is not None and args.threads < 1:
-        raise errors.UserError(f"--threads must be >= 1, got {args.threads}")
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     result = run(args.out, Settings.from_overrides(args.set), args.report_only, args.threads,
                  progress=not args.no_progress)
     if args.json:

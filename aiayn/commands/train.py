@@ -19,6 +19,8 @@ from aiayn.commands.common import (
     set_examples,
     torch_device,
 )
+from aiayn.errors import UserError
+from aiayn.presets import load_config
 from aiayn.training.options import TrainOptions
 
 
@@ -98,8 +100,7 @@ def train_options(args: argparse.Namespace) -> TrainOptions:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aiayn.errors import UserError
-    from aiayn.presets import load_config
+    # these load torch (a second here): imported here so that --help and a mistyped option answer at once
     from aiayn.tasks import read_model_config, task_for_data
     from aiayn.training.seq2seq import Seq2SeqTask
     from aiayn.training.trainer import train

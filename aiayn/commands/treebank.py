@@ -14,13 +14,16 @@ recipe).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from aiayn.checks import read_json
 from aiayn.commands.common import set_examples
+from aiayn.errors import UserError
+from aiayn.parsing.treebank import DEFAULT_SPLITS, parse_split_spec
+from aiayn.recipes.parsing import GOLD, MODEL_SOURCE, SOURCE, TARGET, write_corpus
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from aiayn.parsing.treebank import DEFAULT_SPLITS
-
     set_examples(p, "aiayn treebank --treebank treebank.zip --out corpus",
                  "aiayn treebank --treebank treebank.zip --out corpus --signatures 3 --augment 2",
                  "aiayn treebank --treebank wsj/ --out corpus "
@@ -54,9 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def corpus_files(splits: str, signatures: int) -> set[str]:
     """The names `aiayn treebank --splits SPLITS --signatures N` writes in --out."""
-    from aiayn.parsing.treebank import parse_split_spec
-    from aiayn.recipes.parsing import GOLD, MODEL_SOURCE, SOURCE, TARGET
-
     suffixes = (SOURCE, TARGET, GOLD) + ((MODEL_SOURCE,) if signatures > 0 else ())
     return {f"{name}.{s}" for name in parse_split_spec(splits) for s in suffixes} | {"corpus.json"}
 
@@ -64,9 +64,6 @@ def corpus_files(splits: str, signatures: int) -> set[str]:
 def check_out(out, splits: str, signatures: int, overwrite: bool) -> None:
     """Refuse, before any work, to replace a file of --out that an earlier `aiayn treebank` there
     did not write (its corpus.json names them), and an earlier corpus without --overwrite."""
-    from aiayn.checks import read_json
-    from aiayn.errors import UserError
-
     existing = sorted(n for n in corpus_files(splits, signatures) if (out / n).exists())
     if not existing:
         return
@@ -85,11 +82,6 @@ def check_out(out, splits: str, signatures: int, overwrite: bool) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from aiayn.errors import UserError
-    from aiayn.recipes.parsing import write_corpus
-
     out = Path(args.out)
     check_out(out, args.splits, args.signatures, args.overwrite)
     if args.target_words < 0:
