@@ -9,6 +9,9 @@ pytest fixtures live in conftest.py. Tests never import each other.
   two hand-written Penn Treebank files and a zip of them;
 - models: `TableModel`, a hand-built model whose next-token probabilities are a table (the search
   tests); a model trained briefly to reverse its source (`train_reverser`, `reverser_model_dir`);
+- searches: `beam_search`, the product's `BeamSearch` over one batch that starts together, and
+  `greedy_search`, an independent greedy loop: the slow references the engine, beam 1, the
+  ensembles, the exports and int8 are compared with;
 - servers: a local HTTP file server for the download tests, and the serving tests' engines,
   uvicorn in a thread and headless Chromium.
 """
@@ -32,7 +35,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -46,8 +49,22 @@ from aiayn.data.corpus import ParallelSource
 from aiayn.data.model_dir import save_model
 from aiayn.data.prepare import PrepareOptions, prepare_dataset
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.decoding.common import source_batch
+from aiayn.decoding.beam import BeamSearch
+from aiayn.decoding.common import (
+    AttentionRequest,
+    Hypothesis,
+    StepConstraint,
+    apply_constraint,
+    ban_early_eos,
+    decoder_length_cap,
+    max_output_lengths,
+    next_token_logprobs,
+    resolve_mask,
+    source_batch,
+    unflatten_attention,
+)
 from aiayn.decoding.int8 import int8_supported
+from aiayn.decoding.search import SearchOptions, SearchSettings, decoding_defaults, resolve_search
 from aiayn.model import Transformer
 from aiayn.serving.engine import Attention, Engine
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
@@ -326,6 +343,129 @@ TABLES = {10: ALPHA_TABLE, 11: CHAIN, 12: CHAIN_LOW, 13: ENDLESS}
 
 def summary(hyps):
     return [(h.tokens, round(h.score, 5), round(h.logprob, 5), h.complete) for h in hyps]
+
+
+# --- reference searches ---------------------------------------------------------------------------
+
+
+def search_settings(model: Any, early_stop: bool | str = True, **options: Any) -> SearchSettings:
+    """`SearchSettings` for `model` from `SearchOptions` fields (None: the model config's), with
+    `early_stop` as the tests write it: True or "exact", "current", or False ("never": every
+    sentence to its maximum length)."""
+    settings = resolve_search(model, SearchOptions(**options))
+    if isinstance(early_stop, bool):
+        early_stop = "exact" if early_stop else "never"
+    return replace(settings, early_stop=early_stop)
+
+
+def beam_search(model: Any, src: torch.Tensor, src_mask: torch.Tensor | None = None,
+                beam_size: int | None = None, alpha: float | None = None,
+                max_len_a: float | None = None, max_len_b: float | None = None,
+                nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
+                attention: AttentionRequest | None = None,
+                constraint: StepConstraint | None = None) -> list[list[Hypothesis]]:
+    """The product's `BeamSearch` over one batch that starts together (None: the model config's
+    setting). src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask: (B, S) bool
+    (default `src != PAD`); `constraint` one row per sentence when given. Returns per sentence,
+    in batch order, up to `nbest` hypotheses best first."""
+    settings = search_settings(model, early_stop, beam_size=beam_size, alpha=alpha,
+                               max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest,
+                               min_len=min_len, attention=attention)
+    search = BeamSearch(model, settings)
+    out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
+    search.add(src, src_mask, range(src.size(0)), constraint)
+    while search.sentences:
+        for i, hyps in search.step():
+            out[i] = hyps
+    return out
+
+
+@torch.inference_mode()
+def greedy_search(model: Any, src: torch.Tensor, src_mask: torch.Tensor | None = None,
+                  max_len_a: float | None = None, max_len_b: float | None = None,
+                  min_len: int = 0, attention: AttentionRequest | None = None,
+                  constraint: StepConstraint | None = None) -> list[Hypothesis]:
+    """Greedy decoding of a batch, written apart from the product's search (which decodes greedy
+    as a beam of one): the most probable next token at every step, over the model's incremental
+    API, finished rows dropped from the cache. src: (B, S) int64, pieces + EOS, right-padded with
+    PAD; src_mask: (B, S) bool (default `src != PAD`). Returns one `Hypothesis` per sentence, in
+    batch order, score = log-probability. `max_len_a`/`max_len_b` default to the model config's;
+    `min_len` forbids EOS before that length; `attention` keeps each step's cross-attention;
+    `constraint` (one row per sentence) limits the tokens each step may choose."""
+    cfg = decoding_defaults(model)
+    a = cfg.max_len_a if max_len_a is None else max_len_a
+    b = cfg.max_len_b if max_len_b is None else max_len_b
+    src_mask = resolve_mask(src, src_mask)
+    n, device = src.size(0), src.device
+    max_lens = max_output_lengths(src_mask, a, b, decoder_length_cap(model))  # (B,)
+    width = int(max_lens.max()) if n else 0
+
+    # Results for every sentence, written when it finishes.
+    out_tok = torch.full((n, width), PAD_ID, dtype=torch.long, device=device)
+    out_lp = torch.zeros(n, width, dtype=torch.float32, device=device)
+    out_len = torch.zeros(n, dtype=torch.long, device=device)  # pieces, EOS excluded
+    out_complete = torch.zeros(n, dtype=torch.bool, device=device)
+    out_raw = torch.zeros(n, dtype=torch.float32, device=device)
+
+    if n:
+        cache = model.new_cache(model.encode(src, src_mask), src_mask)
+    rows = torch.arange(n, device=device)  # sentence index of each live row
+    hist_tok = torch.zeros(n, 0, dtype=torch.long, device=device)  # (n_live, t)
+    hist_lp = torch.zeros(n, 0, dtype=torch.float32, device=device)
+    raw = torch.zeros(n, dtype=torch.float32, device=device)  # running sum, as beam search keeps it
+    hist_w = out_w = w_shape = None  # kept attention: (n_live, t, A), (n, width, A), (L', h', S)
+    last = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+    t = 0
+    while rows.numel():
+        if attention is None:
+            logits = model.decode_step(last, cache)  # (n_live, V)
+        else:
+            logits, weights = model.decode_step(last, cache, return_attention=True)
+            step_w = attention.select(weights["cross"])  # (n_live, L', h', S)
+            w_shape = tuple(step_w.shape[1:])
+            step_w = step_w.flatten(1)[:, None]  # (n_live, 1, A)
+            hist_w = step_w if hist_w is None else torch.cat([hist_w, step_w], dim=1)
+            if out_w is None:
+                out_w = step_w.new_zeros(n, width, step_w.size(2))
+        logp = ban_early_eos(next_token_logprobs(logits), t + 1, min_len)  # (n_live, V) float32
+        logp = apply_constraint(logp, constraint, max_lens[rows] - t)
+        tok_lp, tok = logp.max(dim=-1)  # (n_live,)
+        hist_tok = torch.cat([hist_tok, tok[:, None]], dim=1)  # (n_live, t+1)
+        hist_lp = torch.cat([hist_lp, tok_lp[:, None]], dim=1)
+        raw = raw + tok_lp
+        t += 1
+        ended = tok == EOS_ID
+        done = ended | (t >= max_lens[rows])
+        if bool(done.any()):
+            d = rows[done]
+            out_tok[d, :t] = hist_tok[done]
+            out_lp[d, :t] = hist_lp[done]
+            out_len[d] = t - ended[done].long()
+            out_complete[d] = ended[done]
+            out_raw[d] = raw[done]
+            keep = (~done).nonzero().squeeze(1)
+            if hist_w is not None:
+                out_w[d, :t] = hist_w[done]
+                hist_w = hist_w[keep]
+            rows, hist_tok, hist_lp, tok = rows[keep], hist_tok[keep], hist_lp[keep], tok[keep]
+            raw = raw[keep]
+            if rows.numel():
+                cache.reorder(keep)
+                if constraint is not None:
+                    constraint.reorder(keep)
+        if constraint is not None and rows.numel():
+            constraint.advance(tok)
+        last = tok[:, None]
+
+    hyps = []
+    toks, lps, raws = out_tok.tolist(), out_lp.tolist(), out_raw.tolist()
+    src_lens = src_mask.sum(dim=1).tolist()
+    for i, (length, complete) in enumerate(zip(out_len.tolist(), out_complete.tolist())):
+        steps = length + int(complete)
+        w = None if out_w is None else unflatten_attention(out_w[i], steps, w_shape, src_lens[i])
+        hyps.append(Hypothesis(toks[i][:length], raws[i], raws[i], bool(complete), lps[i][:steps],
+                               w))
+    return hyps
 
 
 # --- a briefly trained model (confident, position-dependent outputs) -------------------------------

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from aiayn.config import BASE
-from aiayn.decoding import beam_search, greedy_search, source_batch
+from aiayn.decoding import source_batch
 from aiayn.decoding.common import AttentionRequest, check_index
 from aiayn.special import BOS_ID
 
-from helpers import train_reverser
+from helpers import beam_search, greedy_search, train_reverser
 
 VOCAB = 30
 

@@ -3,7 +3,7 @@ different positions (`KVCache.extend`, `lengths`), a beam search that sentences 
 (`BeamSearch.add`). Every sentence's result must equal decoding it alone, whoever shares its steps
 and whenever it joined: checked on the hand-built table model (exact scores) and on a briefly
 trained model (greedy, beam, n-best, both stopping rules, fp32, bf16, int8), with the slow path
-(`beam_search` / `greedy_search` on the sentence alone) as the reference."""
+(`beam_search` / `greedy_search` of tests/helpers.py on the sentence alone) as the reference."""
 
 from __future__ import annotations
 
@@ -13,17 +13,28 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.decoding import Hypothesis, beam_search, greedy_search, source_batch
+from aiayn.decoding import Hypothesis, source_batch
 from aiayn.decoding.beam import BeamSearch
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.precision import convert
+from aiayn.decoding.search import resolve_search
 from aiayn.decoding.translate import SearchOptions, search_batched
 from aiayn.model import Transformer
 from aiayn.model.rnn import RNNSearch
 from aiayn.precision import cpu_has_native_bf16
 from aiayn.special import BOS_ID
 
-from helpers import MICRO, TABLES, TableModel, needs_int8, summary, train_reverser
+from helpers import (
+    MICRO,
+    TABLES,
+    TableModel,
+    beam_search,
+    greedy_search,
+    needs_int8,
+    search_settings,
+    summary,
+    train_reverser,
+)
 
 
 def _random_model(**overrides) -> Transformer:
@@ -103,7 +114,8 @@ def test_table_model_sentences_joining_at_every_step_get_their_own_results(rule)
     kw = dict(beam_size=2, alpha=1.0, max_len_a=0.0, max_len_b=30, nbest=2, early_stop=rule)
     alone = {key: beam_search(TableModel(TABLES), *source_batch([[key]]), **kw)[0]
              for key in (10, 11, 12, 13)}
-    search = BeamSearch(TableModel(TABLES), **kw)
+    model = TableModel(TABLES)
+    search = BeamSearch(model, search_settings(model, **kw))
     waiting, got = [11, 12, 10, 13, 12], {}
     while waiting or search.sentences:
         if waiting:
@@ -183,7 +195,7 @@ def test_the_engine_holds_no_more_than_its_room(reverser):
     sources = _sources(40, seed=2)
     sources += [[5] * 20, [6] * 17]  # wider than one multiple of the source padding
     for room in (dict(batch_size=5), dict(batch_tokens=70)):
-        engine = SearchEngine(reverser, SearchOptions(beam_size=4, **room))
+        engine = SearchEngine(reverser, resolve_search(reverser, SearchOptions(beam_size=4, **room)))
         for i, ids in enumerate(sources):
             engine.submit(i, ids)
         seen, live_rows = set(), []

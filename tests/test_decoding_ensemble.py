@@ -12,14 +12,23 @@ import pytest
 import torch
 
 from aiayn.cli import main
-from aiayn.decoding import beam_search, greedy_search
 from aiayn.decoding.common import next_token_logprobs, source_batch
 from aiayn.decoding.ensemble import Ensemble, load_models
 from aiayn.decoding.translate import Translator
 from aiayn.errors import UserError
 from aiayn.special import BOS_ID, EOS_ID
 
-from helpers import MICRO, A, B, C, TableModel, reverser_model_dir, train_reverser
+from helpers import (
+    MICRO,
+    A,
+    B,
+    C,
+    TableModel,
+    beam_search,
+    greedy_search,
+    reverser_model_dir,
+    train_reverser,
+)
 
 # Key 20. Model 1 prefers A (.5), model 2 C (.5); both give B .45. The mean: A .275, B .45,
 # C .275, so the ensemble writes B, which neither model writes alone. Every token then ends.

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aiayn.data.model_dir import load_model
-from aiayn.decoding import beam_search, greedy_search, length_penalty, source_batch
+from aiayn.decoding import length_penalty, source_batch
 from aiayn.decoding.common import next_token_logprobs
 from aiayn.decoding.int8 import (
     RESCORED,
@@ -36,7 +36,7 @@ from aiayn.model.embedding import ScaledEmbedding
 from aiayn.model.layers import FeedForward
 from aiayn.special import BOS_ID, EOS_ID
 
-from helpers import MICRO, needs_int8, reverser_model_dir, run_cli
+from helpers import MICRO, beam_search, greedy_search, needs_int8, reverser_model_dir, run_cli
 
 # 127 activation levels are exact only where fbgemm accumulates in int32 (AVX512-VNNI); on AVX2
 # its int16 pair sums saturate, which is why such CPUs get 63 (aiayn/decoding/int8.py)

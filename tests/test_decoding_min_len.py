@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from aiayn.data.model_dir import load_model
-from aiayn.decoding import beam_search, greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.decoding.translate import SearchOptions, search_batched
 from aiayn.special import EOS_ID
+
+from helpers import beam_search, greedy_search
 
 V = 9
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.decoding import beam_search, greedy_search, source_batch
+from aiayn.decoding import source_batch
 from aiayn.model import Transformer
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
-from helpers import MICRO
+from helpers import MICRO, beam_search, greedy_search
 
 VOCAB = 24
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.decoding import beam_search, greedy_search, length_penalty, max_output_lengths
+from aiayn.decoding import length_penalty, max_output_lengths
 from aiayn.decoding.common import (
     LOGPROB_ROWS,
     SOURCE_MULTIPLE,
@@ -33,6 +33,8 @@ from helpers import (  # the table model and its tables: tests/helpers.py
     C,
     TableModel,
     V,
+    beam_search,
+    greedy_search,
     summary,
 )
 

@@ -17,12 +17,12 @@ import torch
 
 from aiayn.cli import main as cli_main
 from aiayn.data.model_dir import load_model, save_model
-from aiayn.decoding import greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.errors import UserError
 from aiayn.model import build_model
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
+from helpers import greedy_search
 from helpers import reverser_model_dir as _model_dir
 
 MAX_LEN = 10

@@ -14,11 +14,10 @@ import torch
 from aiayn.cli import main as cli_main
 from aiayn.data.model_dir import load_model
 from aiayn.decoding.common import source_batch
-from aiayn.decoding.greedy import greedy_search
 from aiayn.errors import UserError
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
-from helpers import TEXTS, reverser_model_dir
+from helpers import TEXTS, greedy_search, reverser_model_dir
 
 transformers = pytest.importorskip("transformers")  # the `huggingface` extra (scripts/test.sh)
 

@@ -17,14 +17,12 @@ import pytest
 import torch
 
 from aiayn.config import BASE
-from aiayn.decoding.beam import beam_search
-from aiayn.decoding.greedy import greedy_search
 from aiayn.model import build_model, count_parameters, flops_per_target_token
 from aiayn.model.rnn import RNNSearch
 from aiayn.presets import load_config
 from aiayn.special import PAD_ID
 
-from helpers import REPO, tiny_dataset
+from helpers import REPO, beam_search, greedy_search, tiny_dataset
 
 CFG = replace(BASE, arch="rnn", vocab_size=30, rnn_emb=6, rnn_hidden=5, rnn_attn=7, p_drop=0.0)
 

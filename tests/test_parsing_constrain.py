@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from aiayn.config import BASE
-from aiayn.decoding import beam_search, greedy_search
 from aiayn.decoding.common import source_batch
 from aiayn.model import Transformer
 from aiayn.parsing.constrain import TreeConstraint, TreeVocabulary
 from aiayn.parsing.linearize import delinearize
 from aiayn.special import EOS_ID
+
+from helpers import beam_search, greedy_search
 
 PIECES = ["<pad>", "<unk>", "<s>", "</s>", "\u2581XX", "\u2581(S", "\u2581)S", "\u2581(NP",
           "\u2581)NP", "\u2581(VP", "\u2581)VP", "\u2581(ADJP", "sub"]

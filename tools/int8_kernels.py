@@ -29,7 +29,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,7 +178,7 @@ def main() -> int:
     if lines:
         sources = translator.prepare(lines)
         for rule in a.early_stop:
-            translator.options = replace(translator.options, early_stop=rule)
+            translator = translator.with_settings(early_stop=rule)
             translator.search(sources[:100])  # warm-up
             split = search_split(translator, sources)
             outputs = json.dumps(split.pop("outputs")).encode()  # to compare, not to read

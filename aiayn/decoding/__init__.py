@@ -1,10 +1,18 @@
 """Decoding (§6.1): greedy and beam search over the model's incremental API, and translation.
 
+One way through: options -> settings (decided once) -> the engine -> `BeamSearch` -> the model.
+
+- `search`    `SearchOptions` (asked; None = the model config's) and `SearchSettings` (decided
+              and checked once: `SearchOptions.resolve`, `resolve_search`);
+- `engine`    `SearchEngine`: the queue in front of the search, its admission rule and its loop
+              (every command, `Translator` and the server search through it);
+- `beam`      `BeamSearch` (length penalty, exact early stopping, n-best lists; greedy search is
+              its beam of one);
 - `common`    `Hypothesis`, the GNMT length penalty, maximum output lengths, source batches;
-- `greedy`    `greedy_search`;
-- `beam`      `beam_search` (length penalty, exact early stopping, n-best lists);
-- `precision` the decoding arithmetic: auto, fp32, bf16, int8;
-- `translate` `Translator`: text in, text out, batched by length, input order kept.
+- `precision` the decoding arithmetic: auto, fp32, bf16, int8 (`int8`: its layers);
+- `ensemble`  several models decoded as one; `alignment`: word alignments from attention;
+- `translate` `Translator`: text in, text out, batched by length, input order kept;
+              `search_batched`: token ids in, hypotheses out.
 
 The names below are imported on first use, so that importing this package (the CLI does, for
 `DECODE_PRECISIONS`) does not import torch.
@@ -27,8 +35,10 @@ EARLY_STOP_RULES = ("exact", "current")
 # took 1.5x the time; docs/experiments/decoding.md)
 ROOM_TOKENS = 3000
 
-_LAZY = {"beam_search": "beam", "Hypothesis": "common", "length_penalty": "common",
-         "max_output_lengths": "common", "source_batch": "common", "greedy_search": "greedy"}
+_LAZY = {"BeamSearch": "beam", "Hypothesis": "common", "length_penalty": "common",
+         "max_output_lengths": "common", "source_batch": "common", "SearchEngine": "engine",
+         "SearchOptions": "search", "SearchSettings": "search", "resolve_search": "search",
+         "Translator": "translate", "search_batched": "translate"}
 
 __all__ = ["DECODE_PRECISIONS", "EARLY_STOP_RULES", "ROOM_TOKENS", *_LAZY]
 

@@ -31,8 +31,9 @@ The search is `BeamSearch`, whose sentences need not start together: `add` lets 
 at any step (each at its own step count and output position; `aiayn.decoding.engine` keeps the
 batch full this way), and `step` hands back each sentence the step it finishes. Finished
 sentences leave at once: their cache rows are dropped in the same `cache.reorder` that reorders
-the beams, so they cost nothing afterwards. `beam_search` is one batch that starts together.
-Log-softmax runs in float32 even under bf16 autocast, and raw scores are accumulated in
+the beams, so they cost nothing afterwards. Its settings are a `SearchSettings`
+(aiayn/decoding/search.py), decided and checked before it is built; greedy search is its beam of
+one. Log-softmax runs in float32 even under bf16 autocast, and raw scores are accumulated in
 float32; PAD and BOS are never generated (`common.best_next_tokens`).
 """
 
@@ -46,22 +47,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.decoding import EARLY_STOP_RULES
 from aiayn.decoding.common import (
-    AttentionRequest,
     Hypothesis,
     StepConstraint,
     best_next_tokens,
+    decoder_heads,
     decoder_length_cap,
-    decoding_defaults,
     length_penalty,
     max_output_lengths,
     resolve_mask,
 )
+from aiayn.decoding.search import SearchSettings
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = float("-inf")
-EARLY_STOP = (True, False, *EARLY_STOP_RULES)  # True is "exact"
 
 
 @dataclass
@@ -158,17 +157,18 @@ class BeamSearch:
     """Beam search over the sentences `add` gives it, which may join at any step; `step` decodes
     one position of every live sentence and returns those that finished, with their keys.
 
-        search = BeamSearch(model, beam_size=4)
+        search = BeamSearch(model, settings)              # `SearchSettings`: k, alpha, L, ...
         search.add(src, src_mask, keys=["a", "b"])       # (B, S) pieces + EOS, PAD-padded
         while search.sentences:
             for key, hyps in search.step():              # hypotheses best first
                 ...
             # more sentences may join here: search.add(...)
 
-    Settings left None come from the model's config (the paper's: k = 4, alpha = 0.6,
-    L = S + 50). `early_stop=False` runs every sentence to its maximum length (for testing: same
-    result); True or "exact" is the exact bound, "current" the bound at the next length (module
-    doc). `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
+    `settings` (aiayn/decoding/search.py) are read as they are: beam size k, alpha, the maximum
+    length rule (capped by the model's learned positions, `common.decoder_length_cap`), nbest.
+    `early_stop` "exact" is the exact bound, "current" the bound at the next length (module
+    doc), "never" runs every sentence to its maximum length (for testing: same result).
+    `min_len` (not in the paper, 0 = off) forbids EOS before step min_len
     (`common.ban_early_eos`); the early-stopping bound still holds, as it only removes choices.
     `attention` keeps, for every hypothesis, the cross-attention weights of the steps that made
     it (`Hypothesis.attention`), following each beam's history through the reorderings; the
@@ -184,27 +184,13 @@ class BeamSearch:
     copies of one prefix.
     """
 
-    def __init__(self, model: Any, beam_size: int | None = None, alpha: float | None = None,
-                 max_len_a: float | None = None, max_len_b: float | None = None,
-                 nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
-                 attention: AttentionRequest | None = None):
-        cfg = decoding_defaults(model)
-        self.k = k = cfg.beam_size if beam_size is None else int(beam_size)
-        self.alpha = cfg.alpha if alpha is None else float(alpha)
-        self.a = cfg.max_len_a if max_len_a is None else max_len_a
-        self.b = cfg.max_len_b if max_len_b is None else max_len_b
-        if k < 1:
-            raise ValueError(f"beam size must be >= 1, got {k}")
-        if not 1 <= nbest <= k:
-            raise ValueError(f"nbest must be between 1 and the beam size {k}, got {nbest}")
-        if self.alpha < 0:
-            raise ValueError(f"alpha must be >= 0 (the early-stopping bound needs it), got {alpha}")
-        if early_stop not in EARLY_STOP:
-            raise ValueError(f"early_stop must be one of {EARLY_STOP}, got {early_stop!r}")
-        self.model, self.nbest, self.early_stop, self.min_len = model, nbest, early_stop, min_len
-        self.attention = attention
+    def __init__(self, model: Any, settings: SearchSettings):
+        self.model, self.settings = model, settings
+        self.k, self.alpha, self.nbest = settings.beam_size, settings.alpha, settings.nbest
+        self.attention = attention = settings.attention
+        self.length_cap = decoder_length_cap(model)  # learned positions: the decoder's last
         # kept attention: (L' h') rows over the source per step, when asked for
-        self.a_shape = None if attention is None else attention.kept(cfg.n_layers, cfg.n_heads)
+        self.a_shape = None if attention is None else attention.kept(*decoder_heads(model))
         self.a_rows = 0 if attention is None else math.prod(self.a_shape)
         self.keys: list[Hashable] = []  # the live sentences' keys, in row order
         self.src_lens: list[int] = []  # their real source tokens (EOS included)
@@ -244,7 +230,8 @@ class BeamSearch:
         cache.reorder(expand, cross_index=None)  # the k beams share the sentence's source side
         if constraint is not None:
             constraint.reorder(expand)
-        max_lens = max_output_lengths(src_mask, self.a, self.b, decoder_length_cap(self.model))
+        max_lens = max_output_lengths(src_mask, self.settings.max_len_a, self.settings.max_len_b,
+                                      self.length_cap)
         width = max(int(max_lens.max()), 0 if self.pool is None else self.pool.tok.size(2))
         s = max(src.size(1), 0 if self.hist_w is None else self.hist_w.size(4))
         attn_shape = (self.a_rows, s) if self.a_rows else None
@@ -307,7 +294,8 @@ class BeamSearch:
         # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
         # (n, k * V), without adding raw to all V log-probs of every row.
         c = min(n_cand, vocab)
-        beam_lp, beam_tok = best_next_tokens(logits, c, t_rows + 1, self.min_len, allowed)  # (n k, c)
+        beam_lp, beam_tok = best_next_tokens(logits, c, t_rows + 1, self.settings.min_len,
+                                             allowed)  # (n k, c)
         cand_raw = (self.raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
         top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
         top_beam = pos // c
@@ -355,9 +343,10 @@ class BeamSearch:
             ]))
 
         done = at_max | ~torch.isfinite(live_raw[:, 0])
-        if self.early_stop:
+        stop = self.settings.early_stop
+        if stop != "never":
             divisor = (length_penalty((t + 1).to(torch.float32), self.alpha)
-                       if self.early_stop == "current" else self.bound_lp)
+                       if stop == "current" else self.bound_lp)
             # the bound grows with the raw score: the best live beam decides (3. above)
             done |= cannot_win(live_raw[:, :1], divisor, pool, self.nbest)[:, 0]
         finished: list[tuple[Hashable, list[Hypothesis]]] = []
@@ -395,27 +384,6 @@ class BeamSearch:
         self.raw = live_raw
         self.last = live_tok.reshape(-1, 1)
         return finished
-
-
-def beam_search(model: Any, src: Tensor, src_mask: Tensor | None = None,
-                beam_size: int | None = None, alpha: float | None = None,
-                max_len_a: float | None = None, max_len_b: float | None = None,
-                nbest: int = 1, early_stop: bool | str = True, min_len: int = 0,
-                attention: AttentionRequest | None = None,
-                constraint: StepConstraint | None = None) -> list[list[Hypothesis]]:
-    """Beam search over a batch that starts together (`BeamSearch`, whose arguments these are).
-    src: (B, S) int64, pieces + EOS, right-padded with PAD; src_mask: (B, S) bool, True at real
-    tokens (default `src != PAD`); `constraint` one row per sentence when given.
-
-    Returns per sentence, in batch order, up to `nbest` hypotheses best first."""
-    search = BeamSearch(model, beam_size, alpha, max_len_a, max_len_b, nbest, early_stop,
-                        min_len, attention)
-    out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-    search.add(src, src_mask, range(src.size(0)), constraint)
-    while search.sentences:
-        for i, hyps in search.step():
-            out[i] = hyps
-    return out
 
 
 def _to_hypotheses(final: _Pool, nbest: int, src_lens: list[int],

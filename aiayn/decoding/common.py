@@ -1,4 +1,4 @@
-"""What greedy and beam search share: the result type, the length penalty, the maximum output
+"""What the search and its engine share: the result type, the length penalty, the maximum output
 length, and turning lists of subword ids into a padded source batch.
 
 Conventions (§6.1, "beam search ... length penalty alpha = 0.6 ... maximum output length to input
@@ -241,12 +241,6 @@ def model_device(model: Any) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def decoding_defaults(model: Any) -> Config:
-    """The decoding settings of the model's config (the paper's when the model has none)."""
-    cfg = getattr(model, "cfg", None)
-    return cfg if isinstance(cfg, Config) else Config()
-
-
 def max_output_lengths(src_mask: Tensor, a: float, b: float, cap: int | None = None) -> Tensor:
     """L = floor(a * S + b) per sentence, S = real source tokens (EOS included), clamped to
     [1, cap]. src_mask: (B, S) bool -> (B,) int64 on the same device."""
@@ -255,6 +249,12 @@ def max_output_lengths(src_mask: Tensor, a: float, b: float, cap: int | None = N
     if cap is not None:
         lengths = lengths.clamp(max=max(1, cap))
     return lengths
+
+
+def decoder_heads(model: Any) -> tuple[int, int]:
+    """(decoder layers, heads per layer) of the model's config: what an `AttentionRequest`
+    selects from (a model that keeps attention has a config)."""
+    return model.cfg.n_layers, model.cfg.n_heads
 
 
 def decoder_length_cap(model: Any) -> int | None:

@@ -20,8 +20,10 @@ empty search: under load a request joins once enough others wait or enough have 
 A sentence's result does not depend on which others share its steps, nor on when it joined
 (`BeamSearch`; tested against decoding each sentence alone, greedy and beam, n-best, fp32, bf16
 and int8). Greedy search is a beam of one that stops at its first EOS: beam size 1, alpha 0 and
-the "current" stopping rule give exactly `aiayn.decoding.greedy.greedy_search`'s hypotheses
-(tested), from the same code as every beam search.
+the "current" stopping rule (`SearchOptions(greedy=True)`) give exactly greedy search's
+hypotheses (tested against an independent greedy loop, tests/helpers.py), from the same code as
+every beam search. Its settings are decided once, before it is built
+(`aiayn.decoding.search.SearchSettings`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from aiayn.decoding.common import (
     source_batch,
     source_width,
 )
+from aiayn.decoding.search import SearchSettings
 from aiayn.kernels.attention import decoding_kernels
 
 # A constraint for the sentences joining now: (their keys, device) -> a `StepConstraint` with one
@@ -59,25 +62,20 @@ JOIN_FRACTION = 1 / 2
 class SearchEngine:
     """A queue of sentences in front of one `BeamSearch` over `model` (eval mode, on its device).
 
-        engine = SearchEngine(model, options)       # options: `translate.SearchOptions`
-        engine.submit("a", [17, 42, 9])             # subword ids, no specials, non-empty
+        engine = SearchEngine(model, settings)      # settings: `search.SearchSettings`
+        engine.submit("a", [17, 42, 9])             # subword ids, no specials
         while engine.busy:
             for key, hyps in engine.step():          # as each sentence finishes
                 ...
 
-    `bf16`: run under bf16 autocast (a model whose weights are bf16 already runs as it is).
-    `constraint` builds the step constraint of each group of sentences that joins."""
+    `settings` also holds the room (`batch_tokens`, `batch_size`). `bf16`: run under bf16
+    autocast (a model whose weights are bf16 already runs as it is). `constraint` builds the
+    step constraint of each group of sentences that joins."""
 
-    def __init__(self, model: Any, options: Any, bf16: bool = False,
+    def __init__(self, model: Any, settings: SearchSettings, bf16: bool = False,
                  constraint: JoinConstraint | None = None):
-        self.model, self.options, self.constraint = model, options, constraint
-        if options.greedy:  # one beam, stopped at its first EOS: greedy search (module doc)
-            self.search = BeamSearch(model, 1, 0.0, options.max_len_a, options.max_len_b, 1,
-                                     "current", options.min_len, options.attention)
-        else:
-            self.search = BeamSearch(model, options.beam_size, options.alpha, options.max_len_a,
-                                     options.max_len_b, options.nbest, options.early_stop,
-                                     options.min_len, options.attention)
+        self.model, self.settings, self.constraint = model, settings, constraint
+        self.search = BeamSearch(model, settings)
         # a model whose weights are bf16 already runs as it is: autocast would re-cast fp32
         # weights at every step and run LayerNorm in fp32
         p = first_parameter(model)
@@ -107,14 +105,13 @@ class SearchEngine:
 
     def _join(self) -> None:
         """Move as many waiting sentences into the search as there is room for (module doc)."""
-        opts, live = self.options, self.search.sentences
+        room, most, live = self.settings.batch_tokens, self.settings.batch_size, self.search.sentences
         widest = max(self.search.src_widths, default=0)  # what the live cohorts hold
         take = 0
         for key, ids in self.waiting:
             s = max(widest, source_width(len(ids) + 1, limit=self.source_limit))  # + EOS
             n = live + take + 1
-            if live + take and (n * s > opts.batch_tokens
-                                or (opts.batch_size is not None and n > opts.batch_size)):
+            if live + take and (n * s > room or (most is not None and n > most)):
                 break
             widest, take = s, take + 1
         if not take or (live and take < JOIN_FRACTION * (live + take)):

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from aiayn.data.model_dir import LoadedModel, load_model
-from aiayn.decoding.common import decoder_length_cap, decoding_defaults
+from aiayn.decoding.common import decoder_length_cap
+from aiayn.decoding.search import decoding_defaults
 from aiayn.errors import UserError
 
 

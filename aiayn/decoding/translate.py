@@ -1,9 +1,11 @@
 """Translation: text in, text out (§6.1 decoding settings), for the CLI, evaluation and training.
 
-- `search_batched` runs greedy or beam search over any number of token-id sources: batches of
-  similar length (sorted internally, longest first), results back in input order.
+- `search_batched` runs greedy or beam search over any number of token-id sources through one
+  `aiayn.decoding.engine.SearchEngine` (sorted internally, longest first), results back in input
+  order.
 - `Translator` adds the tokenizers: lines of text -> encoded (pieces + EOS) -> search ->
-  sentencepiece-decoded text, exactly one output per input line.
+  sentencepiece-decoded text, exactly one output per input line. Its search settings are
+  decided once, when it is made (`aiayn.decoding.search`).
 
 Input rules, per line (`Translator.prepare`):
 - a blank line (empty or whitespace only), or one that encodes to no pieces, translates to an
@@ -15,17 +17,17 @@ Input rules, per line (`Translator.prepare`):
 
 from __future__ import annotations
 
+import copy
 import queue
 import sys
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from aiayn.data.model_dir import LoadedModel
-from aiayn.decoding import EARLY_STOP_RULES, ROOM_TOKENS
 from aiayn.decoding import precision as decode_precision
 from aiayn.decoding.alignment import EOS_PIECE, SentenceAlignment, Unit
 from aiayn.decoding.common import (
@@ -33,63 +35,16 @@ from aiayn.decoding.common import (
     Hypothesis,
     StepConstraint,
     check_index,
-    decoding_defaults,
+    decoder_heads,
+    decoder_length_cap,
     model_device,
 )
 from aiayn.decoding.engine import SearchEngine
+from aiayn.decoding.search import SearchOptions, SearchSettings, resolve_search
 from aiayn.errors import UserError
 from aiayn.progress import Progress
 
 DEFAULT_MAX_SRC_TOKENS = 1024
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to search. None means "the model config's value" (the paper's: k=4, alpha=0.6,
-    L = S + 50). `greedy` ignores beam_size, alpha and nbest > 1 is refused."""
-
-    greedy: bool = False
-    beam_size: int | None = None
-    alpha: float | None = None
-    max_len_a: float | None = None
-    max_len_b: float | None = None
-    nbest: int = 1
-    batch_tokens: int = ROOM_TOKENS  # sentences x longest source (EOS, padding) decoded at once
-    batch_size: int | None = None  # at most this many sentences per batch, when given
-    # Not in the paper (0 = off): no EOS before decoding step min_len, so a complete output has
-    # |Y| >= min_len, EOS counted. With max_len_a=0, max_len_b=min_len every sentence decodes
-    # exactly min_len steps: benchmarks use it so that every system does the same work.
-    min_len: int = 0
-    # Not in the paper: "exact" (default) stops a sentence only when no live beam can still win;
-    # "current" when none could win by ending at the next step (aiayn/decoding/beam.py)
-    early_stop: str = "exact"
-    # Keep the cross-attention weights behind each hypothesis (`Hypothesis.attention`); None: off.
-    attention: AttentionRequest | None = None
-
-    def validate(self, cfg: Any = None) -> "SearchOptions":
-        """Raise ValueError for impossible settings (the CLI turns them into UserErrors)."""
-        k = self.beam_size if self.beam_size is not None else getattr(cfg, "beam_size", 4)
-        if k < 1:
-            raise ValueError(f"beam size must be >= 1, got {k}")
-        if self.nbest < 1:
-            raise ValueError(f"nbest must be >= 1, got {self.nbest}")
-        if self.greedy and self.nbest > 1:
-            raise ValueError("greedy search gives one hypothesis; drop --nbest or use beam search")
-        if not self.greedy and self.nbest > k:
-            raise ValueError(f"nbest ({self.nbest}) cannot exceed the beam size ({k})")
-        if self.alpha is not None and self.alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
-        for name in ("max_len_a", "max_len_b"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-        if self.min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
-        if self.early_stop not in EARLY_STOP_RULES:
-            raise ValueError(f"early_stop must be exact or current, got {self.early_stop!r}")
-        if self.batch_tokens < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("batch tokens and batch size must be >= 1")
-        return self
 
 
 # Builds the step constraint of a batch: (indices of the batch's sentences into the sources,
@@ -97,30 +52,31 @@ class SearchOptions:
 ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
 
 
-def search_batched(model: Any, sources: Sequence[Sequence[int]], options: SearchOptions = SearchOptions(),
-                   bf16: bool = False, progress: bool = False,
-                   constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
+def search_batched(model: Any, sources: Sequence[Sequence[int]],
+                   options: SearchOptions | SearchSettings = SearchOptions(), bf16: bool = False,
+                   progress: bool = False, constraint: ConstraintFactory | None = None
+                   ) -> list[list[Hypothesis]]:
     """Search every source (subword ids, no specials) and return, in input order, its
-    hypotheses best first (one for greedy, up to `options.nbest` for beam search; an empty
-    source gets one empty hypothesis with score 0 without running the model).
+    hypotheses best first (one for greedy, up to `nbest` for beam search; an empty source gets
+    one empty hypothesis with score 0 without running the model). `options`: settings already
+    decided (`Translator`'s), or options decided here against the model's config.
 
     The sources go through one `aiayn.decoding.engine.SearchEngine`, longest first: sentences
-    join the search as others finish, within `options.batch_tokens` (live sentences x their
-    longest source, padded: `aiayn.decoding.common.source_width`) and `options.batch_size`. The
-    model runs on its own device in eval mode (a model in training mode, e.g. for dev BLEU
-    during training, goes back to training mode afterwards); with `bf16` under bf16 autocast
-    unless its weights are bf16 already. Sources must fit the model (`Translator.prepare`
-    truncates). Progress (aiayn/progress.py, stderr) counts sentences. `constraint`, when
-    given, builds the step constraint of the sentences that join together (their indices into
-    `sources`)."""
-    cfg = decoding_defaults(model)
-    options.validate(cfg)
+    join the search as others finish, within `batch_tokens` (live sentences x their longest
+    source, padded: `aiayn.decoding.common.source_width`) and `batch_size`. The model runs on
+    its own device in eval mode (a model in training mode, e.g. for dev BLEU during training,
+    goes back to training mode afterwards); with `bf16` under bf16 autocast unless its weights
+    are bf16 already. Sources must fit the model (`Translator.prepare` truncates). Progress
+    (aiayn/progress.py, stderr) counts sentences. `constraint`, when given, builds the step
+    constraint of the sentences that join together (their indices into `sources`)."""
+    settings = (options if isinstance(options, SearchSettings)
+                else resolve_search(model, options))
     results: list[list[Hypothesis]] = [[] for _ in sources]
     was_training = bool(getattr(model, "training", False))
     if was_training:
         model.eval()
     try:
-        engine = SearchEngine(model, options, bf16, constraint)
+        engine = SearchEngine(model, settings, bf16, constraint)
         for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
             engine.submit(i, sources[i])
         with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
@@ -152,17 +108,23 @@ class Translator:
     loaded model is converted in place, once (`loaded.model` becomes the converted model, so
     translators built on the same `loaded` share it).
     `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
-    sent to `warn` (default: stderr). Other keyword arguments are `SearchOptions` fields.
+    sent to `warn` (default: stderr). The search: `settings` already decided
+    (`aiayn.decoding.search.SearchSettings`, what the commands pass), or `SearchOptions` fields
+    as keyword arguments, decided here against the model's config; either way once, kept in
+    `self.settings`.
     """
 
     def __init__(self, loaded: Any, *, precision: str = "fp32", convert: bool = True,
                  max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
-                 warn: Callable[[str], None] | None = None, **options: Any):
+                 warn: Callable[[str], None] | None = None,
+                 settings: SearchSettings | None = None, **options: Any):
+        if settings is not None and options:
+            raise TypeError(f"give search settings or options, not both: {', '.join(options)}")
         self.loaded = loaded
         self.src_tokenizer = loaded.src_tokenizer
         self.tgt_tokenizer = loaded.tgt_tokenizer
-        self.cfg = decoding_defaults(loaded.model)
-        self.options = SearchOptions(**options).validate(self.cfg)
+        self.settings = (settings if settings is not None
+                         else resolve_search(loaded.model, SearchOptions(**options)))
         self.precision = decode_precision.resolve(precision, model_device(loaded.model))
         if convert:
             loaded.model = decode_precision.convert(loaded.model, self.precision)
@@ -173,9 +135,9 @@ class Translator:
         # bf16 with fp32 weights (an in-memory model) runs under autocast in `search_batched`
         self.bf16 = self.precision == "bf16"
         self.warn = warn or _warn_stderr
-        limit = max_src_tokens
-        if self.cfg.positions == "learned":
-            limit = min(limit, self.cfg.max_positions)
+        limit, cap = max_src_tokens, decoder_length_cap(self.model)
+        if cap is not None:  # learned positions
+            limit = min(limit, cap)
         if limit < 2:
             raise ValueError(f"the source limit must allow one piece and EOS, got {limit}")
         self.max_src_tokens = limit
@@ -186,8 +148,16 @@ class Translator:
         """A translator for an in-memory model (e.g. dev BLEU during training); it never changes
         the model's weights: precision fp32 (the default) or bf16, which then means autocast."""
         tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
-        return cls(LoadedModel(model, decoding_defaults(model), src_tokenizer, tgt),
+        return cls(LoadedModel(model, getattr(model, "cfg", None), src_tokenizer, tgt),
                    convert=False, **kwargs)
+
+    def with_settings(self, **changes: Any) -> "Translator":
+        """A translator sharing this one's model, tokenizers, precision and limits, whose search
+        settings differ by `changes` (`SearchSettings` fields, e.g. beam_size, alpha: `aiayn
+        serve`'s per-request search)."""
+        other = copy.copy(self)
+        other.settings = replace(self.settings, **changes)
+        return other
 
     # --- text <-> ids ------------------------------------------------------------------------
     def prepare(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
@@ -214,6 +184,13 @@ class Translator:
         return self.tgt_tokenizer.decode(tokens).replace("\n", " ")
 
     # --- translation -------------------------------------------------------------------------
+    def _settings(self, nbest: int, attention: AttentionRequest | None) -> SearchSettings:
+        """This translator's settings with one call's n-best size and kept attention."""
+        s = self.settings
+        if (nbest, attention) == (s.nbest, s.attention):
+            return s
+        return replace(s, nbest=nbest, attention=attention)
+
     def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False,
                attention: AttentionRequest | None = None,
                constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
@@ -221,15 +198,14 @@ class Translator:
         hypothesis with score 0 without running the model. `attention`: keep the weights the
         search used (`Hypothesis.attention`). `constraint`: limit what the search may write
         (its indices are into `sources`)."""
-        options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
-        return search_batched(self.model, sources, options, self.bf16, progress, constraint)
+        return search_batched(self.model, sources, self._settings(nbest, attention), self.bf16,
+                              progress, constraint)
 
     def engine(self, nbest: int = 1, attention: AttentionRequest | None = None) -> SearchEngine:
         """A decoding engine with this translator's model and search settings (`aiayn serve`
         keeps one per search setting): token ids in (`prepare`), hypotheses out as each
         sentence finishes."""
-        options = replace(self.options, nbest=nbest, attention=attention).validate(self.cfg)
-        return SearchEngine(self.model, options, self.bf16)
+        return SearchEngine(self.model, self._settings(nbest, attention), self.bf16)
 
     def stream(self, groups: Iterable[list[str]], nbest: int = 1
                ) -> Iterator[list[tuple[int, list[Hypothesis]]]]:
@@ -325,10 +301,11 @@ class Translator:
         top), one head or the mean of all heads; a bad index or unit is one line."""
         if unit not in ("word", "piece"):
             raise UserError(f"alignment unit must be 'word' or 'piece', got {unit!r}")
+        n_layers, n_heads = decoder_heads(self.model)
         try:
-            layer = check_index(layer, self.cfg.n_layers, "layer")
+            layer = check_index(layer, n_layers, "layer")
             if head is not None:
-                head = check_index(head, self.cfg.n_heads, "head")
+                head = check_index(head, n_heads, "head")
         except ValueError as e:
             raise UserError(str(e)) from None
         return AttentionRequest(layers=(layer,), heads=None if head is None else (head,),

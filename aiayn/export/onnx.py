@@ -182,10 +182,10 @@ def export_onnx(model_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
 
 
 class OnnxGreedy:
-    """Greedy search over an exported directory with onnxruntime, as `aiayn.decoding.greedy`
-    searches: the next token is the most probable one but PAD and BOS; a sentence ends at EOS or
-    at floor(max_len_a * S + max_len_b) tokens (S its source tokens, EOS included). Sentences of
-    a batch that end leave it, so they cost nothing more."""
+    """Greedy search over an exported directory with onnxruntime, as aiayn's greedy search
+    (`SearchOptions(greedy=True)`) searches: the next token is the most probable one but PAD and
+    BOS; a sentence ends at EOS or at floor(max_len_a * S + max_len_b) tokens (S its source
+    tokens, EOS included). Sentences of a batch that end leave it, so they cost nothing more."""
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
         ort = require("onnxruntime")

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from aiayn.decoding import ROOM_TOKENS
-from aiayn.decoding.common import Hypothesis, decoding_defaults
+from aiayn.decoding.common import Hypothesis
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.translate import Translator
 from aiayn.model.counting import count_parameters
@@ -57,8 +57,8 @@ class Engine:
                                precision=precision, early_stop=early_stop,
                                warn=self._warnings.append)
         self._translators: dict[tuple[int, float], Translator] = {}
-        cfg = self.base.cfg
-        self.default_beam, self.default_alpha = cfg.beam_size, cfg.alpha
+        settings = self.base.settings
+        self.default_beam, self.default_alpha = settings.beam_size, settings.alpha
         meta = loaded.meta or {}
         self.src_lang, self.tgt_lang = meta.get("src_lang"), meta.get("tgt_lang")
 
@@ -88,8 +88,8 @@ class Engine:
         if key not in self._translators:
             self._translators[key] = Translator(
                 self.loaded, max_src_tokens=self.base.max_src_tokens,
-                batch_tokens=self.base.options.batch_tokens, beam_size=beam_size, alpha=alpha,
-                precision=self.base.precision, early_stop=self.base.options.early_stop,
+                batch_tokens=self.base.settings.batch_tokens, beam_size=beam_size, alpha=alpha,
+                precision=self.base.precision, early_stop=self.base.settings.early_stop,
                 warn=self._warnings.append)
         return self._translators[key]
 
@@ -116,11 +116,11 @@ class Engine:
         cfg = self.loaded.cfg
         # an ensemble counts every member's parameters; its architecture is the first member's
         members = getattr(self.loaded.model, "members", None)
-        member_cfgs = [decoding_defaults(m) for m in members] if members else [cfg]
+        member_cfgs = [m.cfg for m in members] if members else [cfg]
         meta = self.loaded.meta or {}
         arch = ("vocab_size", "tgt_vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k",
                 "d_v", "positions", "norm", "tie_embeddings", "tie_output")
-        config = asdict(cfg)
+        config, settings = asdict(cfg), self.base.settings
         return {
             "source_language": self.src_lang,
             "target_language": self.tgt_lang,
@@ -130,10 +130,10 @@ class Engine:
             "step": meta.get("step"),
             "parameters": sum(count_parameters(c) for c in member_cfgs),
             "architecture": {k: config[k] for k in arch if k in config},
-            "decoding": {"beam_size": cfg.beam_size, "alpha": cfg.alpha,
-                         "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b,
+            "decoding": {"beam_size": settings.beam_size, "alpha": settings.alpha,
+                         "max_len_a": settings.max_len_a, "max_len_b": settings.max_len_b,
                          "max_src_tokens": self.base.max_src_tokens,
                          "precision": self.base.precision,
-                         "early_stop": self.base.options.early_stop},
+                         "early_stop": settings.early_stop},
             "alignment": self.supports_alignment,
         }
