@@ -216,6 +216,40 @@ def test_the_engine_holds_no_more_than_its_room(reverser):
     assert not engine.busy
 
 
+def test_what_joinable_admits_is_what_joins(reverser):
+    # `aiayn serve` hands the engine the requests `joinable` admits: they all join at the next
+    # step, and the next request would not have fitted the room (live sentences x the widest
+    # padded source) or the join fraction, computed here apart from the engine
+    from aiayn.decoding.common import source_width
+    from aiayn.decoding.engine import JOIN_FRACTION
+
+    g = torch.Generator().manual_seed(5)
+    requests = [_sources(int(n), seed=10 + i) for i, n in
+                enumerate(torch.randint(1, 4, (30,), generator=g))]
+    requests.insert(7, [[]])  # a blank line needs no room
+    for room in (dict(batch_tokens=100), dict(batch_size=6)):
+        engine = SearchEngine(reverser, resolve_search(reverser, SearchOptions(beam_size=2, **room)))
+        queue, done = list(requests), 0
+        while queue or engine.busy:
+            n = engine.joinable(queue)
+            live, widths = engine.live, list(engine.search.src_widths)
+            assert n or live  # an empty search takes the first request
+            if n < len(queue):  # the first request left out would break the room or the fraction
+                joining = [ids for r in queue[: n + 1] for ids in r if ids]
+                width = max(widths + [source_width(len(ids) + 1) for ids in joining])
+                total = live + len(joining)
+                assert (total * width > room.get("batch_tokens", 10**9)
+                        or total > room.get("batch_size", 10**9)
+                        or len(joining) < JOIN_FRACTION * total)
+            for i, request in enumerate(queue[:n]):
+                for j, ids in enumerate(request):
+                    engine.submit((i, j, done), ids)
+            queue = queue[n:]
+            done += 1
+            engine.step()
+            assert not engine.waiting  # every sentence handed over joined
+
+
 def test_kept_attention_is_each_sentences_own_when_sentences_join_and_leave(reverser):
     # the longest sources go first and leave while shorter ones decode: each hypothesis keeps
     # the weights it had alone, over its own source

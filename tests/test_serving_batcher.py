@@ -1,32 +1,28 @@
-"""The continuous batcher alone, with fake engines: which jobs the idle worker takes together
-(budget, keys, arrival order), jobs joining a running search, each job answered when its own
-sentences are done, the bounded queue, cancellation, errors, stop."""
+"""The continuous batcher alone, with fake engines: which jobs it hands each engine (what the
+engine admits, keys, arrival order) and when an idle worker starts, jobs joining a running
+search, each job answered when its own sentences are done, the bounded queue, cancellation,
+errors, stop. Who joins a real search is the engine's rule (tests/test_decoding_engine.py)."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
-from aiayn.decoding.common import source_batch
-from aiayn.serving.batcher import (
-    Batcher,
-    Job,
-    QueueFull,
-    ShuttingDown,
-    batch_cost,
-    in_passing_thread,
-)
+from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown, in_passing_thread
 
 from helpers import wait_until
 
 
 class FakeEngine:
     """A decoding engine's shape (`SearchEngine`): a sentence joins at the next step (room for
-    `room` live sentences) and finishes after as many steps as it has tokens, its result the
-    engine's key and the sentence reversed. Records the live sentences of every step; with
-    `gate`, its first step waits until the test sets it; with `fail`, its first step raises."""
+    `room` live sentences; `joinable` admits whole requests by that room, the first one always
+    into an empty engine, none while sentences it was given wait) and finishes after as many
+    steps as it has tokens, its result the engine's key and the sentence reversed. Records the
+    live sentences of every step; with `gate`, its first step waits until the test sets it;
+    with `fail`, its first step raises."""
 
     def __init__(self, key, gate: threading.Event | None = None, room: int = 1000,
                  fail: bool = False):
@@ -42,6 +38,16 @@ class FakeEngine:
     @property
     def busy(self):
         return bool(self.waiting or self.live)
+
+    def joinable(self, groups):
+        if self.waiting:
+            return 0
+        n = take = 0
+        for group in groups:
+            if len(self.live) + n and len(self.live) + n + len(group) > self.room:
+                break
+            n, take = n + len(group), take + 1
+        return take
 
     def step(self):
         self.entered.set()
@@ -78,30 +84,38 @@ def run_until_idle(b: Batcher) -> None:
         b.step()
 
 
-def test_batch_cost_counts_the_source_positions_decoding_holds():
-    for n, longest in ((3, 7), (1, 1), (2, 16), (5, 17), (4, 40)):
-        src, _ = source_batch([[5] * (longest - 1)] + [[6]] * (n - 1))  # longest counts its EOS
-        assert batch_cost(n, longest) == src.numel()  # sentences x the padded width
-    assert batch_cost(3, 7) == 3 * 16 and batch_cost(2, 17) == 2 * 32
-
-
-def test_next_batch_takes_same_key_jobs_in_order_within_the_budget():
-    b = Batcher(Engines(), batch_tokens=50, max_wait=0.0)
-    j1 = b.submit("k", [[1, 2, 3]])  # longest 4 (EOS counted), 16 positions padded
+def test_hand_over_gives_each_engine_what_it_admits_in_arrival_order():
+    engines = Engines(room=3)
+    b = Batcher(engines, max_wait=0.0)
+    j1 = b.submit("k", [[1, 2, 3]])
     j2 = b.submit("other", [[5]])
-    j3 = b.submit("k", [[4], [5, 6]])  # 3 sentences x 16 = 48 <= 50
-    j4 = b.submit("k", [[1, 2, 3, 4, 5]])  # 4 sentences x 16 = 64 > 50: left for later
+    j3 = b.submit("k", [[4], [5, 6]])  # 3 sentences: the room of k's engine
+    j4 = b.submit("k", [[1, 2], [3]])  # 5 sentences > 3: left for later
     j5 = b.submit("k", [[7]])  # would fit, but the batch is full in arrival order
-    assert b.pending == 6
-    assert b.next_batch() == [j1, j3]
+    assert b.pending == 7
+    assert b.hand_over() == [j1, j3, j2]  # by key, each key's in arrival order
+    assert b.pending == 3 and engines.made["k"].waiting == [((id(j1), 0), [1, 2, 3]),
+                                                             ((id(j3), 0), [4]), ((id(j3), 1), [5, 6])]
+    b.step()  # [4] is done: 2 sentences live, no room for j4's 2
+    assert b.hand_over() == []  # its jobs wait here, counted
     assert b.pending == 3
-    assert b.next_batch() == [j2]  # the oldest job's key goes first
-    assert b.next_batch() == [j4, j5]
-    assert b.pending == 0
+    run_until_idle(b)
+    assert b.hand_over() == [j4, j5] and b.pending == 0
+
+
+def test_an_idle_worker_starts_when_the_engine_is_full_or_after_max_wait():
+    b = Batcher(Engines(room=2), max_wait=60.0)
+    b.submit("k", [[1]])
+    b.submit("k", [[2], [3]])  # 3 sentences > room 2: start now, do not wait for company
+    start = time.monotonic()
+    assert b.wait_for_work() and time.monotonic() - start < 30
+    b = Batcher(Engines(room=2), max_wait=0.05)
+    job = b.submit("k", [[1]])  # room left: wait max_wait for others to join
+    assert b.wait_for_work() and time.monotonic() >= job.enqueued + 0.05
 
 
 def test_after_a_step_that_answered_several_requests_the_next_waits_for_their_return():
-    b = Batcher(Engines(), batch_tokens=100, max_wait=0.5)
+    b = Batcher(Engines(), max_wait=0.5)
     waiting = b.submit("k", [[2]])
     b.admit([Job("k", [[1]])])
     b.step()  # a step that answered one request
@@ -112,28 +126,31 @@ def test_after_a_step_that_answered_several_requests_the_next_waits_for_their_re
     assert b.deadline() == b._last_end + 0.5  # they get max_wait to come back and join
 
 
-def test_a_job_over_the_budget_runs_alone():
-    b = Batcher(Engines(), batch_tokens=4, max_wait=0.0)
-    big = b.submit("k", [[1, 2, 3], [4, 5, 6]])  # cost 2 x 16 = 32 > 4
+def test_a_job_over_the_room_goes_alone_into_an_idle_engine():
+    engines = Engines(room=1)
+    b = Batcher(engines, max_wait=0.0)
+    big = b.submit("k", [[1, 2], [4, 5]])  # 2 sentences > room 1
     small = b.submit("k", [[1]])
-    assert b.next_batch() == [big]
-    assert b.next_batch() == [small]
+    assert b.hand_over() == [big]
+    b.step()  # one of big's sentences decodes, the other waits inside the engine ...
+    assert b.hand_over() == [] and b.pending == 1  # ... so nothing more is handed over
+    run_until_idle(b)
+    assert big.future.result(0) == [("k", [2, 1]), ("k", [5, 4])]
+    assert b.hand_over() == [small]
 
 
 def test_each_job_is_answered_the_step_its_last_sentence_finishes():
     engines = Engines()
-    b = Batcher(engines, batch_tokens=100, max_wait=0.0)
+    b = Batcher(engines, max_wait=0.0)
     j1 = b.submit("k", [[1, 2], [3]])  # done after 2 steps
     j2 = b.submit("k", [[4, 5, 6]])  # after 3
-    j3 = b.submit("other", [[7]])
-    b.admit(b.next_batch())  # the idle worker takes the oldest key's jobs within the budget
-    assert b.pending == 1
+    j3 = b.submit("other", [[7]])  # after 1, in its own engine
+    assert b.hand_over() == [j1, j2, j3] and b.pending == 0
     b.step()
     assert not j1.future.done() and not j2.future.done()
-    b.admit(b.joining())  # the other key's job joins its own engine at the next step
+    assert j3.future.result(0) == [("other", [7])]
     b.step()
     assert j1.future.result(0) == [("k", [2, 1]), ("k", [3])] and not j2.future.done()
-    assert j3.future.result(0) == [("other", [7])]
     b.step()
     assert j2.future.result(0) == [("k", [6, 5, 4])] and not b.busy
     assert engines.made["k"].steps == [3, 2, 1]  # sentences live at each step
@@ -142,7 +159,7 @@ def test_each_job_is_answered_the_step_its_last_sentence_finishes():
 def test_worker_lets_what_arrived_meanwhile_join_the_running_search():
     gate = threading.Event()
     engines = Engines(gate=gate)
-    b = Batcher(engines, batch_tokens=1000, max_wait=0.0)
+    b = Batcher(engines, max_wait=0.0)
     b.start()
     try:
         first = b.submit("k", [[1, 2, 3, 4]])
@@ -158,17 +175,17 @@ def test_worker_lets_what_arrived_meanwhile_join_the_running_search():
         b.stop()
 
 
-def test_a_key_whose_engine_has_sentences_waiting_for_room_keeps_its_jobs_queued():
-    engines = Engines(room=1)
-    b = Batcher(engines, max_wait=0.0)
-    b.submit("k", [[1, 2]])
-    b.submit("k", [[3]])
-    b.admit(b.next_batch())  # both jobs go into the engine ...
-    b.step()  # ... which has room for one sentence: the other waits inside it
+def test_jobs_the_engine_has_no_room_for_stay_queued_and_cancellable():
+    b = Batcher(Engines(room=1), max_wait=0.0)
+    j1 = b.submit("k", [[1, 2]])
+    j2 = b.submit("k", [[3]])
+    assert b.hand_over() == [j1] and b.pending == 1  # the engine has room for one sentence
+    b.step()
+    assert b.hand_over() == [] and b.pending == 1  # j1 still decodes: j2 waits in the queue ...
+    assert b.cancel(j2) and j2.future.cancelled() and b.pending == 0  # ... and can leave it
     later = b.submit("k", [[4]])
-    assert b.joining() == [] and b.pending == 1
     run_until_idle(b)
-    assert b.joining() == [later]
+    assert b.hand_over() == [later]
 
 
 def test_queue_is_bounded_in_sentences_and_cancel_frees_a_place():
@@ -182,7 +199,7 @@ def test_queue_is_bounded_in_sentences_and_cancel_frees_a_place():
     assert b.pending == 1
     b.submit("k", [[5], [6]])  # the cancelled job's place is free again
     assert not b.cancel(j1)  # already gone
-    assert b.next_batch()[0] is j2  # the cancelled job never reaches the model
+    assert b.hand_over()[0] is j2  # the cancelled job never reaches the model
 
 
 def test_an_empty_queue_takes_even_an_oversized_job():

@@ -1,10 +1,19 @@
 """The decoding engine: sentences enter the search at any step and leave the step they finish.
 
-`aiayn translate`, `aiayn parse` and `aiayn serve` all search through it (via
-`aiayn.decoding.translate.search_batched` and `Translator`): sentences wait in a queue, join the
-running `BeamSearch` as soon as there is room (encoded as they join), and each is handed back the
-step it is done, so the batch stays full until the queue runs dry instead of running down with
-its longest sentence before the next batch starts.
+The one way through decoding. `aiayn translate`, `aiayn parse`, `aiayn serve`, dev BLEU during
+training and `Translator` all search here, with the same three parts:
+
+- what to search: `SearchSettings` (aiayn/decoding/search.py), decided from the options and the
+  model's config once, before the engine is built;
+- who joins the search: `SearchEngine.joinable`, this module's one admission rule (room and join
+  fraction, below); `aiayn serve`'s batcher asks it which requests to hand over;
+- the loop that feeds it: `SearchEngine.run`, which `search_batched` and `Translator.stream`
+  drive with their input (the server's worker steps its engines the same way, one per search
+  setting, aiayn/serving/batcher.py).
+
+Sentences wait in a queue, join the running `BeamSearch` as soon as there is room (encoded as
+they join), and each is handed back the step it is done, so the batch stays full until the queue
+runs dry instead of running down with its longest sentence before the next batch starts.
 
 Room is measured as batching always has been here, sentences times their longest source, in
 the positions decoding holds: the live sentences times the widest source any of their cohorts
@@ -22,15 +31,14 @@ A sentence's result does not depend on which others share its steps, nor on when
 and int8). Greedy search is a beam of one that stops at its first EOS: beam size 1, alpha 0 and
 the "current" stopping rule (`SearchOptions(greedy=True)`) give exactly greedy search's
 hypotheses (tested against an independent greedy loop, tests/helpers.py), from the same code as
-every beam search. Its settings are decided once, before it is built
-(`aiayn.decoding.search.SearchSettings`).
+every beam search.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from contextlib import nullcontext
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
 
@@ -51,6 +59,13 @@ from aiayn.kernels.attention import decoding_kernels
 # row per sentence (e.g. `aiayn.parsing.constrain`'s tree constraint)
 JoinConstraint = Callable[[Sequence[Hashable], torch.device], StepConstraint]
 
+# What waits for the engine: each item one request's (or one sentence's) sources, subword ids
+Groups = Sequence[Sequence[Sequence[int]]]
+# Hands the engine what input there is before a step (`SearchEngine.run`): called with True when
+# the engine has nothing to decode (so it may wait for input), it submits what came and returns
+# False once the input has ended
+Feed = Callable[[bool], bool]
+
 # Newcomers join once they are at least this fraction of the sentences that would then be live:
 # each group that joins is a cohort of the cache, attended apart at every step, and on a 2-core
 # CPU more, smaller cohorts cost more per step than the fuller batch saves (Multi30k test, the
@@ -68,9 +83,9 @@ class SearchEngine:
             for key, hyps in engine.step():          # as each sentence finishes
                 ...
 
-    `settings` also holds the room (`batch_tokens`, `batch_size`). `bf16`: run under bf16
-    autocast (a model whose weights are bf16 already runs as it is). `constraint` builds the
-    step constraint of each group of sentences that joins."""
+    or `engine.run(feed)` (below). `settings` also holds the room (`batch_tokens`,
+    `batch_size`). `bf16`: run under bf16 autocast (a model whose weights are bf16 already runs
+    as it is). `constraint` builds the step constraint of each group of sentences that joins."""
 
     def __init__(self, model: Any, settings: SearchSettings, bf16: bool = False,
                  constraint: JoinConstraint | None = None):
@@ -103,18 +118,36 @@ class SearchEngine:
     def live(self) -> int:
         return self.search.sentences
 
-    def _join(self) -> None:
-        """Move as many waiting sentences into the search as there is room for (module doc)."""
-        room, most, live = self.settings.batch_tokens, self.settings.batch_size, self.search.sentences
+    def joinable(self, groups: Groups) -> int:
+        """How many of `groups` (each a request's sentences, subword ids), taken in order and
+        whole, would join the search at the next step if submitted now: the admission rule
+        (module doc), the one the engine applies to its own queue. The first group always
+        joins an empty search (what does not fit of it waits in the engine); none joins while
+        sentences the engine was given wait for room. `aiayn serve` hands over what this
+        admits."""
+        return 0 if self.waiting else self._fit(groups)
+
+    def _fit(self, groups: Groups) -> int:
+        live = self.search.sentences
         widest = max(self.search.src_widths, default=0)  # what the live cohorts hold
-        take = 0
-        for key, ids in self.waiting:
-            s = max(widest, source_width(len(ids) + 1, limit=self.source_limit))  # + EOS
-            n = live + take + 1
-            if live + take and (n * s > room or (most is not None and n > most)):
+        room, most = self.settings.batch_tokens, self.settings.batch_size
+        n = take = 0  # sentences and groups admitted
+        for group in groups:
+            s, m = widest, n
+            for ids in group:
+                if len(ids):  # a blank line needs no room (`submit`)
+                    s, m = max(s, source_width(len(ids) + 1, limit=self.source_limit)), m + 1  # + EOS
+            if live + n and ((live + m) * s > room or (most is not None and live + m > most)):
                 break
-            widest, take = s, take + 1
-        if not take or (live and take < JOIN_FRACTION * (live + take)):
+            widest, n, take = s, m, take + 1
+        if live and 0 < n < JOIN_FRACTION * (live + n):
+            return 0
+        return take
+
+    def _join(self) -> None:
+        """Move as many waiting sentences into the search as the admission rule lets in."""
+        take = self._fit([[ids] for _, ids in self.waiting])
+        if not take:
             return
         group = [self.waiting.popleft() for _ in range(take)]
         keys = [key for key, _ in group]
@@ -134,3 +167,17 @@ class SearchEngine:
         with autocast, decoding_kernels(self.device):
             self._join()
             return done + self.search.step()
+
+    def run(self, feed: Feed) -> Iterator[list[tuple[Hashable, list[Hypothesis]]]]:
+        """Decode until the input has ended and every sentence is done, yielding each step's
+        finished (key, hypotheses best first). Before each step `feed(idle)` submits what input
+        there is (`idle`: nothing is being decoded, so it may wait for some) and says whether
+        more may come: input that trickles in joins a search that goes on decoding meanwhile."""
+        more = True
+        while True:
+            if more:
+                more = feed(not self.busy)
+            if self.busy:
+                yield self.step()
+            elif not more:
+                return

@@ -77,12 +77,15 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]],
         model.eval()
     try:
         engine = SearchEngine(model, settings, bf16, constraint)
-        for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
-            engine.submit(i, sources[i])
+
+        def feed(idle: bool) -> bool:  # every source at once; the engine admits them
+            for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
+                engine.submit(i, sources[i])
+            return False
+
         with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
                       leave=False) as bar:
-            while engine.busy:
-                done = engine.step()
+            for done in engine.run(feed):
                 for i, hyps in done:
                     results[i] = hyps
                 bar.update(len(done))
@@ -231,37 +234,39 @@ class Translator:
                 inbox.put(e)
 
         threading.Thread(target=read, name="aiayn-input", daemon=True).start()
+        n_read, failure = 0, None
+
+        def feed(idle: bool) -> bool:
+            """Take what input there is, waiting for it only with nothing to decode."""
+            nonlocal n_read, failure
+            while True:
+                try:
+                    item = inbox.get(block=idle)
+                except queue.Empty:
+                    return True
+                if item is end:
+                    return False
+                if isinstance(item, BaseException):  # raised once the lines before it are out
+                    failure = item
+                    return False
+                sources = self.prepare(item, first_line=n_read + 1)
+                for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
+                    engine.submit(n_read + i, sources[i])
+                n_read += len(sources)
+                idle = not engine.busy
+
         done: dict[int, list[Hypothesis]] = {}
-        n_read = n_out = 0
-        ended, failure = False, None
-        while True:
+        n_out = 0
+        for finished in engine.run(feed):
+            done.update(finished)
             ready = []
             while n_out in done:
                 ready.append((n_out, done.pop(n_out)))
                 n_out += 1
             if ready:
                 yield ready
-            while not ended:  # take what input there is; wait for it only with nothing to do
-                try:
-                    item = inbox.get(block=not engine.busy)
-                except queue.Empty:
-                    break
-                if item is end:
-                    ended = True
-                    break
-                if isinstance(item, BaseException):  # raised once the lines before it are out
-                    failure, ended = item, True
-                    break
-                sources = self.prepare(item, first_line=n_read + 1)
-                for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
-                    engine.submit(n_read + i, sources[i])
-                n_read += len(sources)
-            if engine.busy:
-                done.update(engine.step())
-            elif ended and n_out == n_read:
-                if failure is not None:
-                    raise failure
-                return
+        if failure is not None:
+            raise failure
 
     def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1,
                   constraint: ConstraintFactory | None = None) -> list[str]:

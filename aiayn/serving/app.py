@@ -132,8 +132,8 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
     """The server's ASGI app around a loaded `Engine`. Its lifespan starts and stops the model
     worker (TestClient and uvicorn both run it). `api_key`: when given, /translate and /metrics
     need it (header or the body's `api_key`)."""
-    batcher = Batcher(engine.search_engine, batch_tokens=settings.batch_tokens,
-                      max_wait=settings.max_wait_ms / 1000, max_queue=settings.max_queue)
+    batcher = Batcher(engine.search_engine, max_wait=settings.max_wait_ms / 1000,
+                      max_queue=settings.max_queue)
     metrics = Metrics(lambda: batcher.pending)
     batcher.on_batch = metrics.observe_batch
     info = {**engine.info(), "limits": {

@@ -9,19 +9,18 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
   never blocks on the model.
 - The worker keeps one decoding engine per `key` (search settings; `engine(key)`, an
   `aiayn.decoding.engine.SearchEngine` in the server), and steps every engine that has work,
-  one decoding step each in turn. A job's sentences go into its key's engine, which lets them
-  join its search when there is room (`--batch-tokens`) and they are at least half the sentences
-  then live (aiayn/decoding/engine.py); each job is answered the step its last sentence
-  finishes, without waiting for the rest of the batch.
-- While the engines are busy, queued jobs go into them at the next step (a key's jobs once its
-  engine has none of its own still waiting to join, so the queue below keeps its meaning).
-  When nothing is being decoded the worker waits for work as it always did: it takes the oldest
-  job, then every other queued job with the same key in arrival order while sentences x longest
-  source stays within the token budget, and starts as soon as the budget is full or `max_wait`
-  seconds after the oldest job arrived. After a step that finished several requests, it also
-  waits until `max_wait` after that: clients that send their next request as soon as they have
-  an answer (a closed loop) then join the others instead of settling into groups that take
-  turns.
+  one decoding step each in turn. Before each step it hands every engine the queued jobs of its
+  key that would join its search at that step, in arrival order: the engine decides which
+  (`SearchEngine.joinable`: its room, `--batch-tokens`, and its join rule,
+  aiayn/decoding/engine.py), and nothing else here does. The others stay in the queue, counted
+  and cancellable, until the engine has room for them. Each job is answered the step its last
+  sentence finishes, without waiting for the rest of the batch.
+- When nothing is being decoded the worker waits before it starts: until the oldest job's
+  engine would be full with the jobs of its key that wait (one of them would not join), or
+  `max_wait` seconds after the oldest job arrived. After a step that finished several requests,
+  it also waits until `max_wait` after that: clients that send their next request as soon as
+  they have an answer (a closed loop) then join the others instead of settling into groups that
+  take turns.
 - The queue is bounded in sentences: `submit` raises `QueueFull` rather than queueing more.
   `cancel(job)` (a client that went away, a timeout) removes a waiting job at once, freeing its
   place; a job already in an engine finishes and its result is dropped.
@@ -38,9 +37,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TypeVar
-
-from aiayn.decoding import ROOM_TOKENS
-from aiayn.decoding.common import source_width
 
 T = TypeVar("T")
 
@@ -90,17 +86,6 @@ class Job:
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
 
-    @property
-    def longest(self) -> int:
-        """The longest source with its EOS: the batch cost's length term."""
-        return max((len(s) for s in self.sources), default=0) + 1
-
-
-def batch_cost(n_sentences: int, longest: int) -> int:
-    """Sentences x longest source (EOS included, padded as decoding pads it), the
-    `--batch-tokens` measure of a batch (`aiayn.decoding.engine`'s room)."""
-    return n_sentences * source_width(longest)
-
 
 @dataclass(frozen=True)
 class BatchStats:
@@ -124,18 +109,15 @@ class _Running:
 
 class Batcher:
     """One worker thread stepping one engine per search key (`engine(key)`: an object with
-    `submit(key, ids)`, `step() -> [(key, result), ...]`, `busy` and `waiting`, as
-    `aiayn.decoding.engine.SearchEngine`) over the jobs' sentences.
+    `submit(key, ids)`, `joinable(groups) -> int`, `step() -> [(key, result), ...]` and `busy`,
+    as `aiayn.decoding.engine.SearchEngine`) over the jobs' sentences.
 
-    batch_tokens: the token budget of the jobs taken together when the worker is idle (a single
-    job over it goes alone); max_wait: seconds the oldest waiting job may wait for company;
+    max_wait: seconds the oldest waiting job may wait for company while nothing is decoded;
     max_queue: sentences waiting; on_batch: called by the worker after each step (metrics)."""
 
-    def __init__(self, engine: Callable[[Hashable], Any], *, batch_tokens: int = ROOM_TOKENS,
-                 max_wait: float = 0.01, max_queue: int = 1024,
-                 on_batch: Callable[[BatchStats], None] | None = None):
+    def __init__(self, engine: Callable[[Hashable], Any], *, max_wait: float = 0.01,
+                 max_queue: int = 1024, on_batch: Callable[[BatchStats], None] | None = None):
         self.engine_for = engine
-        self.batch_tokens = batch_tokens
         self.max_wait = max_wait
         self.max_queue = max_queue
         self.on_batch = on_batch
@@ -200,64 +182,59 @@ class Batcher:
             self._thread.join(timeout)
 
     # --- the worker's side -------------------------------------------------------------------------
-    def _pick(self, key: Hashable) -> tuple[list[Job], bool]:
-        """Jobs with `key`, oldest first, within the budget (the oldest always); and whether the
-        batch is full (a job with `key` was left out for lack of room)."""
-        picked: list[Job] = []
-        n = longest = 0
-        for job in self._queue:
-            if job.key != key:
-                continue
-            m, l = n + len(job.sources), max(longest, job.longest)
-            if picked and batch_cost(m, l) > self.batch_tokens:
-                return picked, True
-            picked.append(job)
-            n, longest = m, l
-        return picked, False
+    def _engine(self, key: Hashable) -> Any:
+        """The engine of `key`, made when first needed (worker thread only)."""
+        engine = self._engines.get(key)
+        if engine is None:
+            engine = self._engines[key] = self.engine_for(key)
+            self._running[key] = {}
+        return engine
 
     def deadline(self) -> float:
-        """When the next batch starts at the latest, unless its budget fills first: `max_wait`
-        after the oldest waiting job arrived or, after a step that answered several requests,
-        after that step ended, whichever is later. Call with the queue non-empty, holding the
-        lock."""
+        """When an idle worker starts at the latest, unless the oldest job's engine is full
+        first: `max_wait` after the oldest waiting job arrived or, after a step that answered
+        several requests, after that step ended, whichever is later. Call with the queue
+        non-empty, holding the lock."""
         start = self._queue[0].enqueued
         if self._last_jobs > 1:
             start = max(start, self._last_end)
         return start + self.max_wait
 
-    def next_batch(self) -> list[Job]:
-        """Block until a batch is ready and take it off the queue ([] once stopping): what the
-        worker does when no engine has work."""
-        with self._cond:
-            while not self._queue and not self._stopping:
-                self._cond.wait()
-            while not self._stopping:
-                key, deadline = self._queue[0].key, self.deadline()
-                picked, full = self._pick(key)
-                now = time.monotonic()
-                if full or now >= deadline:
-                    break
-                self._cond.wait(deadline - now)
-                if not self._queue:  # every waiting job was cancelled
-                    while not self._queue and not self._stopping:
-                        self._cond.wait()
-            if self._stopping:
-                return []
-            return self._take(picked)
+    def _full(self) -> bool:
+        """Whether a queued job of the oldest job's key would not join its engine's search now
+        (holding the lock, the queue non-empty)."""
+        key = self._queue[0].key
+        queued = [job.sources for job in self._queue if job.key == key]
+        return self._engine(key).joinable(queued) < len(queued)
 
-    def joining(self) -> list[Job]:
-        """Without waiting: the queued jobs whose key's engine has nothing of its own waiting
-        for room, in arrival order (what the worker takes while engines are busy)."""
+    def wait_for_work(self) -> bool:
+        """What the worker does when no engine has work: block until jobs wait and should start
+        (the oldest key's engine is full, or `deadline()` has passed); False once stopping."""
         with self._cond:
-            free = {}
-            picked = []
+            while not self._stopping:
+                if not self._queue:
+                    self._cond.wait()
+                    continue
+                left = self.deadline() - time.monotonic()
+                if left <= 0 or self._full():
+                    return True
+                self._cond.wait(left)
+            return False
+
+    def hand_over(self) -> list[Job]:
+        """Give each engine the queued jobs of its key that its search lets join at its next
+        step (`joinable`, in arrival order); the rest stay queued. Returns the jobs given (a job
+        cancelled meanwhile is dropped)."""
+        with self._cond:
+            queued: dict[Hashable, list[Job]] = {}
             for job in self._queue:
-                if job.key not in free:
-                    engine = self._engines.get(job.key)
-                    free[job.key] = engine is None or not engine.waiting
-                if free[job.key]:
-                    picked.append(job)
-            return self._take(picked)
+                queued.setdefault(job.key, []).append(job)
+            jobs: list[Job] = []
+            for key, waiting in queued.items():
+                n = self._engine(key).joinable([job.sources for job in waiting])
+                jobs += self._take(waiting[:n])
+        self.admit(jobs)
+        return jobs
 
     def _take(self, jobs: list[Job]) -> list[Job]:
         for job in jobs:  # holding the lock
@@ -274,10 +251,7 @@ class Batcher:
             if not job.sources:
                 job.future.set_result([])
                 continue
-            engine = self._engines.get(job.key)
-            if engine is None:
-                engine = self._engines[job.key] = self.engine_for(job.key)
-                self._running[job.key] = {}
+            engine = self._engine(job.key)
             self._running[job.key][id(job)] = _Running(job, [None] * len(job.sources),
                                                        len(job.sources))
             for i, ids in enumerate(job.sources):
@@ -323,12 +297,6 @@ class Batcher:
             self._last_end, self._last_jobs = time.monotonic(), answered
 
     def _run(self) -> None:
-        while True:
-            if self.busy:
-                self.admit(self.joining())
-            else:
-                jobs = self.next_batch()
-                if not jobs:
-                    return
-                self.admit(jobs)
+        while self.busy or self.wait_for_work():
+            self.hand_over()
             self.step()

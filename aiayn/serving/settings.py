@@ -21,10 +21,11 @@ def decoding_threads(cores: int) -> int:
 class ServeSettings:
     """What one `aiayn serve` process accepts and how it batches.
 
-    Batching: concurrent requests with the same search settings are gathered into one beam search
-    while its cost, sentences x longest source (EOS and padding included, as `aiayn translate
-    --batch-tokens` counts it), stays within `batch_tokens`; the worker waits at most
-    `max_wait_ms` after the oldest waiting request arrived before it starts an incomplete batch.
+    Batching: concurrent requests with the same search settings share one beam search, whose
+    room, sentences x longest source (EOS and padding included, as `aiayn translate
+    --batch-tokens` counts it), is `batch_tokens` (the decoding engine's, which decides who
+    joins); when nothing is being decoded the worker waits at most `max_wait_ms` after the
+    oldest waiting request arrived before it starts a search with room to spare.
     Limits: `max_chars` characters and `max_sentences` texts per request (answered 413 above);
     `max_queue` sentences waiting for the model (a request that would exceed it is answered 503
     with Retry-After); `timeout_s` seconds from arrival to answer (504 after); `max_beam` bounds a
