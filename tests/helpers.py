@@ -12,8 +12,8 @@ pytest fixtures live in conftest.py. Tests never import each other.
 - searches: `beam_search`, the product's `BeamSearch` over one batch that starts together, and
   `greedy_search`, an independent greedy loop: the slow references the engine, beam 1, the
   ensembles, the exports and int8 are compared with;
-- servers: a local HTTP file server for the download tests, and the serving tests' engines,
-  uvicorn in a thread and headless Chromium.
+- servers: a local HTTP file server for the download tests, and the serving tests' served
+  models, uvicorn in a thread and headless Chromium.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from aiayn.decoding.common import (
 from aiayn.decoding.int8 import int8_supported
 from aiayn.decoding.search import SearchOptions, SearchSettings, decoding_defaults, resolve_search
 from aiayn.model import Transformer
-from aiayn.serving.engine import Attention, Engine
+from aiayn.serving.model import Attention, ServedModel
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.logs import RunProgress
@@ -596,9 +596,9 @@ def serve(files: dict[str, bytes], **kw) -> Iterator[Served]:
 # --- the serving tests: engines, uvicorn in a thread, headless Chromium ----------------------------
 
 
-class GatedEngine(Engine):
-    """Decoding steps wait while `gate` is clear, so a test decides when the model worker may go
-    on; `entered` is set once a step has started."""
+class GatedModel(ServedModel):
+    """A served model whose decoding steps wait while `gate` is clear, so a test decides when
+    the model worker may go on; `entered` is set once a step has started."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -619,9 +619,9 @@ class GatedEngine(Engine):
         return engine
 
 
-class AttentionEngine(Engine):
-    """An engine that answers alignment requests with a hand-built cross-attention: target piece
-    t attends mostly to source piece t (mod S), the rest spread evenly."""
+class FixedAttentionModel(ServedModel):
+    """A served model that answers alignment requests with a hand-built cross-attention: target
+    piece t attends mostly to source piece t (mod S), the rest spread evenly."""
 
     supports_alignment = True
 

@@ -169,14 +169,14 @@ def test_serve_answers_as_translate_with_the_same_ensemble(model_dirs, capsys):
     from fastapi.testclient import TestClient
 
     from aiayn.serving.app import create_app
-    from aiayn.serving.engine import Engine
+    from aiayn.serving.model import ServedModel
     from aiayn.serving.settings import ServeSettings
 
     a, b, other = model_dirs
     lines = ["the cat sat", "a dog runs in the park", "the mat"]
     expected = Translator(load_models([a, b]), beam_size=3).translate(lines)
-    engine = Engine(load_models([a, b]), model_paths=[str(a), str(b)])
-    with TestClient(create_app(engine, ServeSettings(), None)) as client:
+    served = ServedModel(Translator(load_models([a, b])), model_paths=[str(a), str(b)])
+    with TestClient(create_app(served, ServeSettings(), None)) as client:
         ask = lambda q: client.post("/translate", json={"q": q, "beam_size": 3}).json()
         one_by_one = [ask(q)["translatedText"] for q in lines]
         together = ask(lines)["translatedText"]

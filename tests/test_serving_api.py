@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator
 from aiayn.serving.app import create_app, key_matches
-from aiayn.serving.engine import Engine
+from aiayn.serving.model import ServedModel
 from aiayn.serving.settings import ServeSettings
 
-from helpers import GatedEngine, needs_int8, wait_until
+from helpers import GatedModel, needs_int8, wait_until
 
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die katze", "ein hund läuft im park",
          "the children play in the garden", "the mat", "a dog"]
@@ -37,9 +37,10 @@ def alone(loaded):
     return [Translator(loaded).translate([line])[0] for line in LINES]
 
 
-def client_for(loaded, engine_cls=Engine, api_key=None, **settings) -> tuple[TestClient, Engine]:
-    engine = engine_cls(loaded, batch_tokens=settings.get("batch_tokens", 4000))
-    return TestClient(create_app(engine, ServeSettings(**settings), api_key)), engine
+def client_for(loaded, served_cls=ServedModel, api_key=None, **settings
+               ) -> tuple[TestClient, ServedModel]:
+    served = served_cls(Translator(loaded, batch_tokens=settings.get("batch_tokens", 4000)))
+    return TestClient(create_app(served, ServeSettings(**settings), api_key)), served
 
 
 def metrics_of(client, headers=None) -> dict[str, float]:
@@ -74,19 +75,19 @@ def test_health_info_and_page(loaded):
 def test_precision_and_early_stop_apply_to_every_request(model_dir, precision):
     """The server's --precision and --early-stop: the translations of a Translator with the same
     settings, for the default search and for a request's own beam size."""
-    served = load_model(model_dir)  # converted in place: not the module's shared model
-    engine = Engine(served, precision=precision, early_stop="current")
+    loaded = load_model(model_dir)  # converted in place: not the module's shared model
+    served = ServedModel(Translator(loaded, precision=precision, early_stop="current"))
     ref = Translator(load_model(model_dir), precision=precision, early_stop="current")
     ref_beam2 = Translator(load_model(model_dir), precision=precision, early_stop="current",
                            beam_size=2)
-    with TestClient(create_app(engine, ServeSettings(), None)) as client:
+    with TestClient(create_app(served, ServeSettings(), None)) as client:
         info = client.get("/info").json()["decoding"]
         assert (info["precision"], info["early_stop"]) == (precision, "current")
         got = client.post("/translate", json={"q": LINES}).json()["translatedText"]
         assert got == ref.translate(LINES)
         got2 = client.post("/translate", json={"q": LINES, "beam_size": 2}).json()["translatedText"]
         assert got2 == ref_beam2.translate(LINES)
-    assert engine.translator(2, 0.6).precision == precision
+    assert served.translator(2, 0.6).precision == precision
 
 
 def test_translations_are_those_of_translator(loaded, alone):
@@ -114,15 +115,15 @@ def test_concurrent_requests_share_one_search_and_keep_their_own_results(loaded,
     """Hold the worker in the first request's first decoding step, send the rest concurrently,
     release: they all join the running search at its next step, and every answer equals the
     sentence translated alone."""
-    client, engine = client_for(loaded, GatedEngine, max_wait_ms=0)
+    client, served = client_for(loaded, GatedModel, max_wait_ms=0)
     with client, ThreadPoolExecutor(len(LINES)) as pool:
-        engine.gate.clear()
+        served.gate.clear()
         first = pool.submit(client.post, "/translate", json={"q": LINES[0]})
-        assert engine.entered.wait(30)
+        assert served.entered.wait(30)
         rest = [pool.submit(client.post, "/translate", json={"q": [line]}) for line in LINES[1:]]
         batcher = client.app.state.batcher
         wait_until(lambda: batcher.pending == len(LINES) - 1, what="the requests to queue")
-        engine.gate.set()
+        served.gate.set()
         answers = [first.result(60).json()["translatedText"]]
         answers += [f.result(60).json()["translatedText"][0] for f in rest]
         assert answers == alone
@@ -201,17 +202,17 @@ def test_unknown_paths_and_methods_are_json_too(loaded):
 
 
 def test_a_full_queue_answers_503_with_retry_after(loaded):
-    client, engine = client_for(loaded, GatedEngine, max_sentences=2, max_queue=2, max_wait_ms=0)
+    client, served = client_for(loaded, GatedModel, max_sentences=2, max_queue=2, max_wait_ms=0)
     with client, ThreadPoolExecutor(2) as pool:
-        engine.gate.clear()
+        served.gate.clear()
         running = pool.submit(client.post, "/translate", json={"q": "a dog"})
-        assert engine.entered.wait(30)
+        assert served.entered.wait(30)
         waiting = pool.submit(client.post, "/translate", json={"q": ["the cat", "the mat"]})
         wait_until(lambda: client.app.state.batcher.pending == 2, what="the queue to fill")
         r = client.post("/translate", json={"q": "die katze"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert "busy" in r.json()["error"]
-        engine.gate.set()
+        served.gate.set()
         assert running.result(60).status_code == 200 and waiting.result(60).status_code == 200
         assert client.post("/translate", json={"q": "die katze"}).status_code == 200
         m = metrics_of(client)
@@ -220,17 +221,17 @@ def test_a_full_queue_answers_503_with_retry_after(loaded):
 
 
 def test_the_timeout_answers_504_and_frees_the_place(loaded):
-    client, engine = client_for(loaded, GatedEngine, timeout_s=0.5, max_wait_ms=0)
+    client, served = client_for(loaded, GatedModel, timeout_s=0.5, max_wait_ms=0)
     batcher = client.app.state.batcher
     with client, ThreadPoolExecutor(2) as pool:
-        engine.gate.clear()
+        served.gate.clear()
         running = pool.submit(client.post, "/translate", json={"q": "a dog"})
-        assert engine.entered.wait(30)
+        assert served.entered.wait(30)
         queued = client.post("/translate", json={"q": ["the cat", "the mat"]})
         assert queued.status_code == 504 and "timeout" in queued.json()["error"]
         assert batcher.pending == 0  # its sentences left the queue
         assert running.result(60).status_code == 504  # still running: its answer is dropped
-        engine.gate.set()
+        served.gate.set()
         assert client.post("/translate", json={"q": "the cat"}).status_code == 200
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from aiayn.data.model_dir import load_model
+from aiayn.decoding.translate import Translator
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
 
-from helpers import GatedEngine, serve_in_thread, wait_until
+from helpers import GatedModel, serve_in_thread, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die katze sitzt auf der matte"]
@@ -41,13 +42,13 @@ def post(url: str, body: dict | bytes, headers: dict | None = None, timeout: flo
 
 
 def test_a_client_that_hangs_up_frees_its_place(model_dir):
-    engine = GatedEngine(load_model(model_dir))
-    app = create_app(engine, ServeSettings(max_wait_ms=0))
+    served = GatedModel(Translator(load_model(model_dir)))
+    app = create_app(served, ServeSettings(max_wait_ms=0))
     batcher = app.state.batcher
     with serve_in_thread(app) as url, ThreadPoolExecutor(1) as pool:
-        engine.gate.clear()
+        served.gate.clear()
         running = pool.submit(post, url + "/translate", {"q": "a dog"})
-        assert engine.entered.wait(30)
+        assert served.entered.wait(30)
         # A second client sends its request, then hangs up while it waits in the queue.
         body = json.dumps({"q": ["the cat", "die katze", "the mat"]}).encode()
         host, port = url.removeprefix("http://").split(":")
@@ -56,7 +57,7 @@ def test_a_client_that_hangs_up_frees_its_place(model_dir):
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             wait_until(lambda: batcher.pending == 3, what="the request to queue")
         wait_until(lambda: batcher.pending == 0, what="the queue to forget the departed client")
-        engine.gate.set()
+        served.gate.set()
         assert running.result(60)[0] == 200
         text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
         assert 'aiayn_http_errors_total{reason="disconnected"} 1.0' in text

@@ -13,7 +13,7 @@ from aiayn.decoding.translate import Translator
 from aiayn.serving.app import create_app
 from aiayn.serving.settings import ServeSettings
 
-from helpers import AttentionEngine, chrome, serve_in_thread
+from helpers import FixedAttentionModel, chrome, serve_in_thread
 
 SENTENCE = "the cat sat on the mat"
 
@@ -33,7 +33,7 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
     loaded = load_model(model_dir)
     loaded.meta = {"src_lang": "en", "tgt_lang": "de"}
     expected = Translator(loaded).translate([SENTENCE])[0]
-    app = create_app(AttentionEngine(loaded), ServeSettings())
+    app = create_app(FixedAttentionModel(Translator(loaded)), ServeSettings())
     with serve_in_thread(app) as url:
         driver = chrome(tmp_path / "profile", 1100, 1000, skip=pytest.skip, fail=pytest.fail)
         try:

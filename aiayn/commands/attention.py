@@ -20,15 +20,14 @@ pieces. Existing files are replaced only with --overwrite.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from aiayn.commands.common import (
     add_device_argument,
     add_precision_argument,
-    decode_precision,
     one_based,
+    search_settings,
     set_examples,
-    torch_device,
+    translator_from_args,
 )
 from aiayn.errors import UserError
 
@@ -72,8 +71,7 @@ def output_names(layer: int, head: int | None, formats: list[str]) -> dict[str, 
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from aiayn.data.model_dir import load_model, read_config
-    from aiayn.decoding.translate import Translator
+    from aiayn.data.model_dir import read_config
     from aiayn.files import atomic_write, check_writable
     from aiayn.viz.figures import FORMATS, heatmap_figure, lines_figure, save_all
     from aiayn.viz.maps import KIND_AXES, KIND_TITLES, KINDS, collect_attention
@@ -94,16 +92,9 @@ def main(args: argparse.Namespace) -> int:
         todo.append(out / "attention.html")
     for path in todo:  # refuse before any slow work
         check_writable(path, args.overwrite)
+    search = search_settings(args, cfg)
 
-    device = torch_device(args.device)
-    precision = decode_precision(args, device, "attention")
-    loaded = load_model(args.model, device)
-    try:
-        translator = Translator(
-            loaded, greedy=args.greedy, beam_size=args.beam, precision=precision,
-            warn=lambda m: print(f"aiayn attention: warning: {m}", file=sys.stderr))
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    translator = translator_from_args(args, "attention", search)
     maps = collect_attention(translator, args.src, args.tgt)
     print(f"source: {maps.source}\ntarget: {maps.target}")
 

@@ -1,5 +1,6 @@
 """What the commands share: one spelling, one set of values and one default for each idea
-(precision, device, outputs, durations), the search options, retired spellings, help examples.
+(precision, device, outputs, durations), the search options and the one way a command builds
+its `Translator` (`translator_from_args`), retired spellings, help examples.
 
 The conventions (checked over every subcommand by tests/test_cli_conventions.py):
 - `--out DIR` names a directory a command writes, `--output FILE` a file, `--model DIR` a model
@@ -20,11 +21,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES, ROOM_TOKENS
 from aiayn.errors import UserError
 from aiayn.training import PRECISIONS as TRAIN_PRECISIONS
+
+if TYPE_CHECKING:
+    from aiayn.config import Config
+    from aiayn.decoding.search import SearchOptions, SearchSettings
+    from aiayn.decoding.translate import Translator
 
 # The one vocabulary of `--precision`; each command runs a subset (TRAIN_PRECISIONS for training
 # and teacher-forced scoring, DECODE_PRECISIONS for search) and refuses the rest in one line.
@@ -290,13 +296,57 @@ def add_alignment_arguments(p: argparse.ArgumentParser) -> None:
                    help="align words (pieces merged back, default) or subword pieces")
 
 
-def search_options(args: argparse.Namespace) -> dict:
-    """Translator keyword arguments from `add_search_arguments`' options."""
-    if args.max_src_tokens < 2:
-        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
-    return dict(greedy=args.greedy, beam_size=args.beam, alpha=args.alpha,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
-                nbest=getattr(args, "nbest", None) or 1, early_stop=args.early_stop,
-                # --batch-size replaces the token budget rather than adding to it
-                batch_tokens=sys.maxsize if args.batch_size else args.batch_tokens,
-                batch_size=args.batch_size)
+def search_options(args: argparse.Namespace) -> "SearchOptions":
+    """The search asked for by `add_search_arguments`' options, or by those of them a command
+    has (`aiayn attention`: --beam, --greedy; `aiayn serve`: --early-stop, --batch-tokens); an
+    option a command lacks is left to the model's config or the default. `--max-src-tokens`,
+    where a command has it, is checked here too."""
+    from aiayn.decoding.search import SearchOptions
+
+    limit = getattr(args, "max_src_tokens", None)
+    if limit is not None and limit < 2:
+        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {limit}")
+    d = SearchOptions()
+    batch_size = getattr(args, "batch_size", None)
+    return SearchOptions(
+        greedy=getattr(args, "greedy", False), beam_size=getattr(args, "beam", None),
+        alpha=getattr(args, "alpha", None), max_len_a=getattr(args, "max_len_a", None),
+        max_len_b=getattr(args, "max_len_b", None), min_len=getattr(args, "min_len", 0),
+        nbest=getattr(args, "nbest", None) or 1,
+        early_stop=getattr(args, "early_stop", d.early_stop),
+        # --batch-size replaces the token budget rather than adding to it
+        batch_tokens=sys.maxsize if batch_size else getattr(args, "batch_tokens", d.batch_tokens),
+        batch_size=batch_size)
+
+
+def search_settings(args: argparse.Namespace, cfg: "Config") -> "SearchSettings":
+    """The search of a command's arguments (`search_options`), decided against the first
+    --model's config `cfg` (`aiayn.data.model_dir.read_config`): what a command does before it
+    reads any weights, so that an impossible setting (or source limit) is one error line."""
+    try:
+        return search_options(args).resolve(cfg)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def translator_from_args(args: argparse.Namespace, command: str,
+                         settings: "SearchSettings") -> "Translator":
+    """The `Translator` of `aiayn COMMAND`'s arguments, the same way for translate, parse,
+    serve and attention: the --model directories (several: their ensemble), loaded on
+    `--device` and converted to `--precision` (both checked for the command), with the search
+    `settings` (`search_settings`, decided before) and `--max-src-tokens`; a truncated line is
+    a warning on stderr, `aiayn COMMAND: warning: ...`. Reads the weights: every check that
+    needs none comes before."""
+    from aiayn.decoding.ensemble import load_models
+    from aiayn.decoding.translate import DEFAULT_MAX_SRC_TOKENS, Translator
+
+    device = torch_device(args.device)
+    precision = decode_precision(args, device, command)
+    # one directory (`aiayn attention`), or several: an ensemble
+    loaded = load_models([args.model] if isinstance(args.model, str) else args.model, device)
+    try:
+        return Translator(loaded, precision=precision, settings=settings,
+                          max_src_tokens=getattr(args, "max_src_tokens", DEFAULT_MAX_SRC_TOKENS),
+                          warn=lambda m: print(f"aiayn {command}: warning: {m}", file=sys.stderr))
+    except ValueError as e:  # e.g. int8 for a model without an int8 path
+        raise UserError(str(e)) from None

@@ -32,13 +32,13 @@ from aiayn.commands.common import (
     STREAM_LINES,
     add_search_arguments,
     check_precision,
-    decode_precision,
     given,
     input_groups,
     read_input,
-    search_options,
+    search_settings,
     set_examples,
     torch_device,
+    translator_from_args,
 )
 from aiayn.decoding import DECODE_PRECISIONS
 
@@ -75,8 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from aiayn.data.model_dir import read_config
-    from aiayn.decoding.ensemble import load_models
-    from aiayn.decoding.translate import SearchOptions, Translator
     from aiayn.errors import UserError
     from aiayn.files import check_writable
     from aiayn.parsing.chart.files import is_chart_model
@@ -91,28 +89,16 @@ def main(args: argparse.Namespace) -> int:
         return _chart_main(args)
     if args.votes:
         raise UserError("--votes needs chart parsers (--preset parsing-chart-small) as --model")
-    options = search_options(args)
-    try:
-        SearchOptions(**options).validate(read_config(args.model[0]))
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    settings = search_settings(args, read_config(args.model[0]))
     for path in (args.output, args.linearized):
         if path is not None:
             check_writable(path, args.overwrite)
-    device = torch_device(args.device)
-    precision = decode_precision(args, device, "parse")
     groups = input_groups(args.input, STREAM_LINES)
-    models = load_models(args.model, device)  # an ensemble shares its tokenizers
-    if not bool((TreeVocabulary.from_tokenizer(models.tgt_tokenizer).open_label >= 0).any()):
-        raise UserError(f"{models.path}: not a parser: its target vocabulary has no tree brackets "
-                        f"(such as `(NP` and `)NP`); parsers train on the linearized trees of "
-                        f"aiayn treebank")
-    try:
-        translator = Translator(models, precision=precision, max_src_tokens=args.max_src_tokens,
-                                warn=lambda m: print(f"aiayn parse: warning: {m}", file=sys.stderr),
-                                **options)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    translator = translator_from_args(args, "parse", settings)  # an ensemble shares its tokenizers
+    if not bool((TreeVocabulary.from_tokenizer(translator.tgt_tokenizer).open_label >= 0).any()):
+        raise UserError(f"{translator.loaded.path}: not a parser: its target vocabulary has no "
+                        f"tree brackets (such as `(NP` and `)NP`); parsers train on the "
+                        f"linearized trees of aiayn treebank")
     n, seconds, repairs = _stream(args, translator, groups)
     print(f"aiayn parse: {n} sentences in {seconds:.1f}s ({n / max(seconds, 1e-9):.2f} "
           f"sentences/s); {repairs.summary()}", file=sys.stderr)

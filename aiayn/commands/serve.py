@@ -23,9 +23,9 @@ from aiayn.commands.common import (
     add_device_argument,
     add_early_stop_argument,
     add_precision_argument,
-    decode_precision,
+    search_settings,
     set_examples,
-    torch_device,
+    translator_from_args,
 )
 from aiayn.errors import UserError
 
@@ -118,8 +118,9 @@ def main(args: argparse.Namespace) -> int:
                                  max_beam=args.max_beam)
     except ValueError as e:
         raise UserError(f"serve settings: {e}") from None
-    if args.max_src_tokens < 2:
-        raise UserError(f"--max-src-tokens must be >= 2 (one piece and EOS), got {args.max_src_tokens}")
+    from aiayn.data.model_dir import read_config
+
+    search = search_settings(args, read_config(args.model[0]))
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     api_key = read_api_key(args.api_key_file)
@@ -128,30 +129,22 @@ def main(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from aiayn.decoding.ensemble import load_models
     from aiayn.serving.app import create_app
     from aiayn.serving.batcher import in_passing_thread
-    from aiayn.serving.engine import Engine
+    from aiayn.serving.model import ServedModel
 
     torch.set_num_threads(args.threads or decoding_threads(torch.get_num_threads()))
-    device = torch_device(args.device)
-    precision = decode_precision(args, device, "serve")
-    try:
-        # loaded off the main thread: the model worker is then the only thread with torch's
-        # thread pool (`in_passing_thread`)
-        engine = in_passing_thread(lambda: Engine(
-            load_models(args.model, device), max_src_tokens=args.max_src_tokens,
-            batch_tokens=settings.batch_tokens, precision=precision, early_stop=args.early_stop,
-            model_paths=args.model))
-    except ValueError as e:  # e.g. int8 for a model without an int8 path
-        raise UserError(str(e)) from None
-    app = create_app(engine, settings, api_key)
+    # loaded off the main thread: the model worker is then the only thread with torch's thread
+    # pool (`in_passing_thread`)
+    served = in_passing_thread(lambda: ServedModel(
+        translator_from_args(args, "serve", search), model_paths=args.model))
+    app = create_app(served, settings, api_key)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if host not in ("127.0.0.1", "::1") and api_key is None:
         print(f"aiayn serve: warning: listening on {host} without an API key: anyone who can reach "
               f"this machine can use it", file=sys.stderr)
-    print(f"aiayn serve: {engine.src_lang or '?'} -> {engine.tgt_lang or '?'} from "
+    print(f"aiayn serve: {served.src_lang or '?'} -> {served.tgt_lang or '?'} from "
           f"{' + '.join(args.model)}; "
           f"listening on http://{shown}:{port}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=args.access_log,

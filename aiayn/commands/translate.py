@@ -41,12 +41,11 @@ from aiayn.commands.common import (
     add_alignment_arguments,
     add_search_arguments,
     check_precision,
-    decode_precision,
     input_groups,
     one_based,
-    search_options,
+    search_settings,
     set_examples,
-    torch_device,
+    translator_from_args,
 )
 from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
@@ -140,7 +139,6 @@ def _translate(args: argparse.Namespace) -> int:
     from aiayn.files import atomic_write, check_writable
 
     check_precision(args, DECODE_PRECISIONS, "translate")  # before reading any model
-    options = search_options(args)
     if args.alignment and args.nbest:
         raise UserError("--alignment prints the best translation's alignment; drop --nbest")
     if args.alignment and len(args.model) > 1:
@@ -151,28 +149,16 @@ def _translate(args: argparse.Namespace) -> int:
     if interactive and args.output is not None:
         raise UserError("--interactive writes to the terminal; drop --output")
     from aiayn.data.model_dir import read_config
-    from aiayn.decoding.ensemble import load_models
-    from aiayn.decoding.translate import SearchOptions, Translator
 
     # Every check that needs no model weights comes before the slow work.
-    try:
-        SearchOptions(**options).validate(read_config(args.model[0]))
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    align = _alignment_options(args, read_config(args.model[0]))
+    cfg = read_config(args.model[0])
+    settings = search_settings(args, cfg)
+    align = _alignment_options(args, cfg)
     if args.output is not None:
         check_writable(args.output, args.overwrite)
-    device = torch_device(args.device)
-    precision = decode_precision(args, device, "translate")
     groups = None if interactive else input_groups(args.input, STREAM_LINES)
 
-    loaded = load_models(args.model, device)
-    try:
-        translator = Translator(loaded, precision=precision, max_src_tokens=args.max_src_tokens,
-                                warn=lambda m: print(f"aiayn translate: warning: {m}", file=sys.stderr),
-                                **options)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    translator = translator_from_args(args, "translate", settings)
     if interactive:
         return _interactive(translator, args.nbest, align)
     progress = args.progress or sys.stderr.isatty()

@@ -163,9 +163,10 @@ class Translator:
         return other
 
     # --- text <-> ids ------------------------------------------------------------------------
-    def prepare(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
-        """Source pieces per line (no EOS), truncated to the limit with a warning; line numbers
-        in warnings start at `first_line`."""
+    def prepare(self, lines: Sequence[str], first_line: int = 1,
+                warn: Callable[[str], None] | None = None) -> list[list[int]]:
+        """Source pieces per line (no EOS), truncated to the limit with a warning (to `warn`,
+        default this translator's); line numbers in warnings start at `first_line`."""
         # Blank lines (empty or whitespace only) stay blank: nothing to translate.
         texts = [line if line.strip() else "" for line in lines]
         if hasattr(self.src_tokenizer, "encode_batch"):
@@ -176,7 +177,7 @@ class Translator:
         out = []
         for n, ids in enumerate(encoded, start=first_line):
             if len(ids) > keep:
-                self.warn(f"line {n}: {len(ids) + 1} source tokens (with EOS) exceed the limit of "
+                (warn or self.warn)(f"line {n}: {len(ids) + 1} source tokens (with EOS) exceed the limit of "
                           f"{self.max_src_tokens}; translating only its first {keep} pieces")
                 ids = ids[:keep]
             out.append(list(ids))

@@ -22,8 +22,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown
-from aiayn.serving.engine import Engine, SearchKey
 from aiayn.serving.metrics import Metrics
+from aiayn.serving.model import SearchKey, ServedModel
 from aiayn.serving.schema import RequestError, TranslateRequest, decode_json, parse_translate
 from aiayn.serving.settings import ServeSettings
 
@@ -127,16 +127,16 @@ async def wait_for(request: Request, batcher: Batcher, job: Job, timeout: float)
     raise RequestError(504, f"no answer within the request timeout of {timeout:g} s")
 
 
-def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
+def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
                api_key: str | None = None) -> FastAPI:
-    """The server's ASGI app around a loaded `Engine`. Its lifespan starts and stops the model
+    """The server's ASGI app around a `ServedModel`. Its lifespan starts and stops the model
     worker (TestClient and uvicorn both run it). `api_key`: when given, /translate and /metrics
     need it (header or the body's `api_key`)."""
-    batcher = Batcher(engine.search_engine, max_wait=settings.max_wait_ms / 1000,
+    batcher = Batcher(served.search_engine, max_wait=settings.max_wait_ms / 1000,
                       max_queue=settings.max_queue)
     metrics = Metrics(lambda: batcher.pending)
     batcher.on_batch = metrics.observe_batch
-    info = {**engine.info(), "limits": {
+    info = {**served.info(), "limits": {
         "max_chars": settings.max_chars, "max_sentences": settings.max_sentences,
         "max_queue": settings.max_queue, "timeout_s": settings.timeout_s,
         "max_beam": settings.max_beam, "batch_tokens": settings.batch_tokens,
@@ -152,7 +152,7 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
 
     # No /docs or /redoc: their pages load scripts from a CDN. /openapi.json stays.
     app = FastAPI(title="aiayn translation server", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher, app.state.metrics, app.state.engine = batcher, metrics, engine
+    app.state.batcher, app.state.metrics, app.state.served = batcher, metrics, served
     app.add_middleware(CountRequests, metrics=metrics)
 
     @app.exception_handler(RequestError)
@@ -203,15 +203,15 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
             if given is None and isinstance(obj, dict) and isinstance(obj.get("api_key"), str):
                 given = obj["api_key"]
             check_key(given)
-        req = parse_translate(obj, settings, engine.default_beam)
-        check_languages(engine, req)
-        if req.alignment and not engine.supports_alignment:
+        req = parse_translate(obj, settings, served.default_beam)
+        check_languages(served, req)
+        if req.alignment and not served.supports_alignment:
             raise RequestError(501, "alignment: this server serves an ensemble, whose members "
                                     "attend each their own way; serve one model for alignments")
         texts = req.texts
-        ids, warnings = engine.prepare(texts)
-        key = SearchKey(req.beam_size or engine.default_beam,
-                        engine.default_alpha if req.alpha is None else float(req.alpha), req.nbest,
+        ids, warnings = served.prepare(texts)
+        key = SearchKey(req.beam_size or served.default_beam,
+                        served.default_alpha if req.alpha is None else float(req.alpha), req.nbest,
                         req.alignment)
         try:
             job = batcher.submit(key, ids)
@@ -221,7 +221,7 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
         except ShuttingDown as e:
             raise RequestError(503, str(e)) from None
         found = await wait_for(request, batcher, job, settings.timeout_s - (time.perf_counter() - start))
-        items = [translation_item(engine, text, src, hyps, req.alignment)
+        items = [translation_item(served, text, src, hyps, req.alignment)
                  for text, src, hyps in zip(texts, ids, found)]
         body: dict[str, Any] = {
             "translatedText": items[0]["tgt"] if isinstance(req.q, str) else [i["tgt"] for i in items],
@@ -234,24 +234,24 @@ def create_app(engine: Engine, settings: ServeSettings = ServeSettings(),
     return app
 
 
-def check_languages(engine: Engine, req: TranslateRequest) -> None:
+def check_languages(served: ServedModel, req: TranslateRequest) -> None:
     """`source` and `target`, when given, must be the model's languages ('auto' for any source)."""
-    for field, asked, have in (("source", req.source, engine.src_lang),
-                               ("target", req.target, engine.tgt_lang)):
+    for field, asked, have in (("source", req.source, served.src_lang),
+                               ("target", req.target, served.tgt_lang)):
         if asked is None or (field == "source" and asked == "auto"):
             continue
         if have is not None and asked.lower() != have.lower():
-            raise RequestError(400, f"{field}: this model translates {engine.src_lang} -> "
-                                    f"{engine.tgt_lang}, not {asked!r}")
+            raise RequestError(400, f"{field}: this model translates {served.src_lang} -> "
+                                    f"{served.tgt_lang}, not {asked!r}")
 
 
-def translation_item(engine: Engine, text: str, src: list[int], hyps: list, alignment: bool) -> dict:
+def translation_item(served: ServedModel, text: str, src: list[int], hyps: list, alignment: bool) -> dict:
     """One text's answer: the best translation, its score, and the n-best list (best first)."""
-    nbest = [{"tgt": engine.detokenize(h.tokens), "score": round(float(h.score), 6)} for h in hyps]
+    nbest = [{"tgt": served.detokenize(h.tokens), "score": round(float(h.score), 6)} for h in hyps]
     best = nbest[0] if nbest else {"tgt": "", "score": None}
     item: dict[str, Any] = {"src": text, "tgt": best["tgt"], "score": best["score"], "nbest": nbest}
     if alignment and hyps and src:
-        att = engine.attention(text, src, hyps[0])
+        att = served.attention(text, src, hyps[0])
         item["attention"] = {"src_pieces": att.src_pieces, "tgt_pieces": att.tgt_pieces,
                              "weights": att.weights}
         item["alignment"] = att.alignment

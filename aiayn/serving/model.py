@@ -1,16 +1,17 @@
 """The model side of the server: `aiayn translate`'s own `Translator`, shared by every request.
 
 Text goes through exactly the code `aiayn translate` runs (`Translator.prepare` to token ids,
-the decoding engine of `Translator.engine`, `Translator.detokenize`), so a sentence served over HTTP gets the same
-translation as the same line given to `aiayn translate` with the same search settings.
+the decoding engine of `Translator.engine`, `Translator.detokenize`), so a sentence served over
+HTTP gets the same translation as the same line given to `aiayn translate` with the same search
+settings. `aiayn serve` builds that translator from its arguments as `aiayn translate` does
+(`aiayn.commands.common.translator_from_args`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
-from aiayn.decoding import ROOM_TOKENS
 from aiayn.decoding.common import Hypothesis
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.translate import Translator
@@ -24,7 +25,7 @@ class SearchKey:
     beam_size: int
     alpha: float
     nbest: int
-    alignment: bool = False  # keep the attention behind the best translation (`Engine.attention`)
+    alignment: bool = False  # keep the attention behind the best translation (`ServedModel.attention`)
 
 
 @dataclass(frozen=True)
@@ -38,26 +39,21 @@ class Attention:
     alignment: str = ""  # Pharaoh pairs "i-j ..." of source and target words, 0-based
 
 
-class Engine:
-    """A loaded model (`aiayn.decoding.ensemble.load_models`: one model or an ensemble) behind
-    `Translator`s, one per beam size and alpha asked for; they share the model (converted once
-    to `precision`) and `early_stop`.
-    `prepare` runs on the event loop, `search` on the model worker thread only."""
+class ServedModel:
+    """What the server serves: `base`, a `Translator` over a loaded model (one model or an
+    ensemble, `aiayn.decoding.ensemble.load_models`), and its variants, one per beam size and
+    alpha asked for (`Translator.with_settings`); they share the model (converted once, to the
+    base's precision), its limits and its other search settings (`early_stop`, the room).
+    `prepare` runs on the event loop, the search engines on the model worker thread only."""
 
-    def __init__(self, loaded: Any, *, max_src_tokens: int = 1024, batch_tokens: int = ROOM_TOKENS,
-                 precision: str = "fp32", early_stop: str = "exact",
-                 model_paths: Sequence[str] | None = None):
-        self.loaded = loaded
+    def __init__(self, base: Translator, model_paths: Sequence[str] | None = None):
+        self.base = base
+        self.loaded = loaded = base.loaded
         # the directories as given, an ensemble's all of them (`loaded.path` is the first's)
         self.model_paths = [str(p) for p in model_paths] if model_paths else (
             [str(loaded.path)] if loaded.path else [])
-        self._warnings: list[str] = []
-        # the model is converted once, here; every later translator shares it
-        self.base = Translator(loaded, max_src_tokens=max_src_tokens, batch_tokens=batch_tokens,
-                               precision=precision, early_stop=early_stop,
-                               warn=self._warnings.append)
         self._translators: dict[tuple[int, float], Translator] = {}
-        settings = self.base.settings
+        settings = base.settings
         self.default_beam, self.default_alpha = settings.beam_size, settings.alpha
         meta = loaded.meta or {}
         self.src_lang, self.tgt_lang = meta.get("src_lang"), meta.get("tgt_lang")
@@ -77,20 +73,16 @@ class Engine:
 
     def prepare(self, texts: Sequence[str]) -> tuple[list[list[int]], list[str]]:
         """Token ids per text as `aiayn translate` makes them (over-long sources truncated), and
-        the truncation warnings ("line N: ...", N counting texts from 1). Event loop only: the
-        warnings list is shared."""
-        self._warnings.clear()
-        ids = self.base.prepare(texts)
-        return ids, list(self._warnings)
+        the truncation warnings ("line N: ...", N counting texts from 1): the response's."""
+        warnings: list[str] = []
+        ids = self.base.prepare(texts, warn=warnings.append)
+        return ids, warnings
 
     def translator(self, beam_size: int, alpha: float) -> Translator:
+        """The base translator with a request's beam size and alpha (model worker thread)."""
         key = (beam_size, alpha)
         if key not in self._translators:
-            self._translators[key] = Translator(
-                self.loaded, max_src_tokens=self.base.max_src_tokens,
-                batch_tokens=self.base.settings.batch_tokens, beam_size=beam_size, alpha=alpha,
-                precision=self.base.precision, early_stop=self.base.settings.early_stop,
-                warn=self._warnings.append)
+            self._translators[key] = self.base.with_settings(beam_size=beam_size, alpha=alpha)
         return self._translators[key]
 
     def search_engine(self, key: SearchKey) -> SearchEngine:
