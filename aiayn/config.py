@@ -103,6 +103,17 @@ class ConfigFields:
         return replace(self, **parsed)  # type: ignore[type-var]
 
 
+# Upper bounds on the sizes that no weight bounds: a model directory's weights fix its widths,
+# layers and vocabularies (aiayn.data.model_dir.read_config checks them), but not how far a search
+# may run, nor a config without weights (a preset with --set). Each bound lies far beyond any
+# realistic model, so that only an absurd value (a hostile config.json) is refused, in one line,
+# before anything is allocated: sequences here are at most thousands of tokens, and a learned
+# position table of 2**20 rows at d_model 1024 is already 4 GiB.
+MAX_SEQUENCE = 2**20  # tokens: max_positions, max_len_b, pad_multiple
+MAX_LENGTH_RATIO = 1024  # max_len_a: output tokens per source token
+MAX_BEAM = 1024  # beam_size
+
+
 @dataclass(frozen=True)
 class Config(ConfigFields):
     """Architecture (§3), optimisation (§5) and decoding (§6.1) settings.
@@ -210,6 +221,12 @@ class Config(ConfigFields):
                      "rnn_hidden", "rnn_attn"):
             if getattr(self, name) < 1:
                 raise bad(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, bound in (("max_positions", MAX_SEQUENCE), ("max_len_b", MAX_SEQUENCE),
+                            ("pad_multiple", MAX_SEQUENCE), ("max_len_a", MAX_LENGTH_RATIO),
+                            ("beam_size", MAX_BEAM)):
+            if getattr(self, name) > bound:
+                raise bad(f"{name}={getattr(self, name)} is beyond any realistic model (at most "
+                          f"{bound})")
         if self.vocab_size < 0 or self.tgt_vocab_size < 0:
             raise bad("vocab_size and tgt_vocab_size must be >= 0")
         for name in ("d_k", "d_v", "attn_window"):
@@ -340,4 +357,5 @@ PRESETS: dict[str, Config] = {
 }
 
 
-__all__ = ["Config", "ConfigFields", "BASE", "BIG", "PRESETS"]
+__all__ = ["Config", "ConfigFields", "BASE", "BIG", "PRESETS", "MAX_SEQUENCE", "MAX_LENGTH_RATIO",
+           "MAX_BEAM"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fnmatch
 import hashlib
 import os
 import re
@@ -27,7 +28,7 @@ import secrets
 import shutil
 import socket
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 from aiayn.errors import OutputError, UserError
 
@@ -38,6 +39,19 @@ def check_writable(path: str | os.PathLike, overwrite: bool = False) -> Path:
     if p.exists() and not overwrite:
         raise UserError(f"{p} already exists; pass --overwrite to replace it")
     return p
+
+
+def foreign_entry(directory: str | os.PathLike, names: Iterable[str]) -> Path | None:
+    """The first entry of `directory` (by name) that is not a plain file named as one of `names`
+    (file names, or fnmatch patterns such as "events.out.tfevents.*"): something aiayn does not
+    write there, which replacing or deleting the directory would destroy; None when there is none.
+    `--overwrite` replaces a directory only when this is None (`aiayn.locks.output_directory`)."""
+    patterns = list(names)
+    for entry in sorted(Path(directory).iterdir()):
+        if not (entry.is_file() and not entry.is_symlink()
+                and any(fnmatch.fnmatchcase(entry.name, n) for n in patterns)):
+            return entry
+    return None
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

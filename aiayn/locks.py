@@ -8,10 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 from aiayn.errors import UserError
-from aiayn.files import check_writable, file_mode, remove_stale_temporaries, writing
+from aiayn.files import check_writable, file_mode, foreign_entry, remove_stale_temporaries, writing
 
 try:
     import fcntl
@@ -88,12 +88,14 @@ def exclusive_lock(target: str | os.PathLike, owner: str = "aiayn",
 @contextlib.contextmanager
 def output_directory(out: str | os.PathLike, owner: str, overwrite: bool, marker: str, kind: str,
                      inputs: Sequence[str | os.PathLike] = (),
-                     advice: str = "wait for it to finish, or choose another output"
-                     ) -> Iterator[Path]:
+                     advice: str = "wait for it to finish, or choose another output",
+                     files: Collection[str] = ()) -> Iterator[Path]:
     """Hold `out`'s lock (`exclusive_lock`) for the block, after refusing, in one line each, an
     `out` that is one of the command's `inputs`, an existing `out` without `overwrite`, and always
-    one that is not a `kind` directory (no `marker` file in it; a file or a link): a command
-    replaces only what it writes itself."""
+    one that is not a `kind` directory (no `marker` file in it; a file or a link) or that holds
+    anything besides the files a `kind` directory holds (`marker` and `files`: names or fnmatch
+    patterns; `aiayn.files.foreign_entry`): a command replaces only what aiayn wrote, and
+    deletes nothing else."""
     p = Path(out)
     if any(os.path.lexists(p) and p.resolve() == Path(i).resolve() for i in inputs):
         what = "the model directory itself" if len(inputs) == 1 else "one of the inputs"
@@ -103,4 +105,8 @@ def output_directory(out: str | os.PathLike, owner: str, overwrite: bool, marker
         if os.path.lexists(p) and not (p.is_dir() and not p.is_symlink() and (p / marker).is_file()):
             raise UserError(f"{p} exists and is not {kind}; refusing to replace it (choose another "
                             f"output directory)")
+        theirs = foreign_entry(p, [marker, *files]) if os.path.lexists(p) else None
+        if theirs is not None:
+            raise UserError(f"{p} holds {theirs.name}, which is no part of {kind} that aiayn writes; "
+                            f"refusing to replace it (choose another --out, or remove {theirs.name})")
         yield p

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiayn.checks import read_json
 from aiayn.config import Config
+from aiayn.data.model_dir import read_config
 from aiayn.errors import UserError
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.files import read_chart_config
@@ -21,6 +22,8 @@ from aiayn.parsing.chart.task import ChartTask
 from aiayn.training.seq2seq import Seq2SeqTask
 
 CONFIGS = {None: Config, ChartConfig.TASK: ChartConfig}
+# Each config's reader, which also checks it against the weights beside it (before any model is built).
+READERS = {None: read_config, ChartConfig.TASK: read_chart_config}
 
 
 def task_for_data(data_dir: str | Path, dev_split: str | None = None) -> Any:
@@ -49,4 +52,4 @@ def read_model_config(model_dir: str | Path) -> Any:
     if task not in CONFIGS:
         raise UserError(f"{p / 'config.json'}: unknown task {task!r}; this aiayn knows "
                         f"{', '.join(t for t in CONFIGS if t)} besides the sequence-to-sequence model")
-    return CONFIGS[task].from_dict(data, str(p / "config.json"))
+    return READERS[task](p)

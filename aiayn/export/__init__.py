@@ -7,3 +7,14 @@
 Each imports its optional package where it is used: without it the module still imports and the
 command says what to install.
 """
+
+from __future__ import annotations
+
+from aiayn.config import MAX_SEQUENCE
+from aiayn.errors import UserError
+
+
+def check_max_positions(n: int | None) -> None:
+    """Refuse (one line) a `--max-positions` that sizes no sane position table (None: the default)."""
+    if n is not None and not 2 <= n <= MAX_SEQUENCE:
+        raise UserError(f"--max-positions must be between 2 and {MAX_SEQUENCE}, got {n}")

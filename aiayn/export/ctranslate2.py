@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aiayn.config import Config
-from aiayn.data.model_dir import load_model, read_config, tokenizer_files
+from aiayn.data.model_dir import TOKENIZER_FILES, load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
+from aiayn.export import check_max_positions
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -47,6 +48,9 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 # Rows of the sinusoid table when the caller gives none: a source of 1024 tokens (aiayn
 # translate's default limit) plus room for its output.
 DEFAULT_SINUSOID_POSITIONS = 2048
+# What an export writes (CTranslate2's spec.save: model.bin, config.json, the vocabularies; our
+# sentencepiece models): `--overwrite` replaces a directory holding nothing else.
+FILES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", *TOKENIZER_FILES)
 
 
 def require_ctranslate2() -> Any:
@@ -183,7 +187,7 @@ def save_spec(spec: Any, out_dir: str | os.PathLike, quantization: str | None = 
     the output is locked while it is written (a second export into it is refused)."""
     check_quantization(quantization)
     with output_directory(out_dir, "aiayn export", overwrite, "model.bin",
-                          "a CTranslate2 model directory"):
+                          "a CTranslate2 model directory", files=FILES):
         for f in files:
             spec.register_file(str(f))  # copied by spec.save
         spec.validate()  # again: wraps any array set since build_spec, as optimize expects
@@ -201,10 +205,9 @@ def export_ctranslate2(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     check_exportable(read_config(src))  # before loading any weights
     check_quantization(quantization)
     with output_directory(out, "aiayn export", overwrite, "model.bin", "a CTranslate2 model directory",
-                          [src]):
+                          [src], files=FILES):
         pass  # refused before the slow work, not only when the output is written
-    if max_positions is not None and max_positions < 2:
-        raise UserError(f"--max-positions must be >= 2, got {max_positions}")
+    check_max_positions(max_positions)
     loaded = load_model(src)
     for side, tok, n in (("source", loaded.src_tokenizer, loaded.cfg.src_vocab),
                          ("target", loaded.tgt_tokenizer, loaded.cfg.tgt_vocab)):

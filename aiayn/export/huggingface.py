@@ -38,11 +38,17 @@ import torch
 from aiayn.config import Config
 from aiayn.data.model_dir import load_model, read_config
 from aiayn.errors import UserError
+from aiayn.export import check_max_positions
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024  # Marian's position table; aiayn's sinusoids have no limit
+# What an export writes (`save_pretrained` of the model, sharded or not, and of MarianTokenizer):
+# `--overwrite` replaces a directory holding nothing else.
+FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+         "model.safetensors.index.json", "source.spm", "target.spm", "vocab.json",
+         "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def require_transformers() -> Any:
@@ -186,10 +192,9 @@ def export_huggingface(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     n_pos = max_positions or DEFAULT_MAX_POSITIONS
-    if n_pos < 2:
-        raise UserError(f"--max-positions must be >= 2, got {n_pos}")
+    check_max_positions(n_pos)
     with output_directory(out, "aiayn export", overwrite, "tokenizer_config.json",
-                          "a Hugging Face model directory", [src]):
+                          "a Hugging Face model directory", [src], files=FILES):
         loaded = load_model(src)
         langs = (loaded.meta.get("src_lang"), loaded.meta.get("tgt_lang"))
         marian = to_marian(loaded.model, n_pos)

@@ -36,8 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config import Config
-from aiayn.data.model_dir import CONFIG_FILE, load_model, read_config, tokenizer_files
+from aiayn.data.model_dir import CONFIG_FILE, TOKENIZER_FILES, load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
+from aiayn.export import check_max_positions
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.model.embedding import sinusoidal_table
@@ -45,6 +46,8 @@ from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_MAX_POSITIONS = 1024
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
+# What an export writes: `--overwrite` replaces a directory holding nothing else.
+FILES = (ENCODER, DECODER, CONFIG_FILE, *TOKENIZER_FILES)
 
 
 def require(module: str, extra: str = "onnx") -> Any:
@@ -167,9 +170,9 @@ def export_onnx(model_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
     src, out = Path(model_dir), Path(out_dir)
     check_exportable(read_config(src))  # before loading any weights
     n_pos = max_positions or DEFAULT_MAX_POSITIONS
-    if n_pos < 2:
-        raise UserError(f"--max-positions must be >= 2, got {n_pos}")
-    with output_directory(out, "aiayn export", overwrite, DECODER, "an ONNX model directory", [src]):
+    check_max_positions(n_pos)
+    with output_directory(out, "aiayn export", overwrite, DECODER, "an ONNX model directory", [src],
+                          files=FILES):
         loaded = load_model(src)
 
         def fill(tmp: Path) -> None:

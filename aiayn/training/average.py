@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from safetensors.torch import save_file
 
-from aiayn.data.model_dir import WEIGHTS_FILE, read_meta, read_weights
+from aiayn.data.model_dir import MODEL_DIR_FILES, WEIGHTS_FILE, read_meta, read_weights
 from aiayn.data.model_dir import read_config as read_seq2seq_config
 from aiayn.errors import UserError
 from aiayn.files import write_dir_atomically
@@ -92,7 +92,7 @@ def average_checkpoints(inputs: Sequence[str | os.PathLike], out: str | os.PathL
     if not paths:
         raise UserError("nothing to average: no checkpoints given")
     with output_directory(out, "aiayn average", overwrite, "config.json", "a model directory", paths,
-                          "wait for it to finish, or choose another --out") as out:
+                          "wait for it to finish, or choose another --out", MODEL_DIR_FILES) as out:
         configs = [read_config(p) for p in paths]
         check_same_architecture(configs, [str(p) for p in paths])
         files = [_vocabulary_files(p) for p in paths]

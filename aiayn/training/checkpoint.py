@@ -37,11 +37,14 @@ import numpy as np
 import torch
 
 from aiayn.checks import check_schema
+from aiayn.data.model_dir import MODEL_DIR_FILES
 from aiayn.errors import UserError
 from aiayn.files import (
     atomic_write,
     delete_atomically,
+    foreign_entry,
     fsync_dir,
+    is_temporary,
     temp_path,
     write_dir_atomically,
 )
@@ -93,10 +96,58 @@ def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove what a training run writes into `run_dir` (for --overwrite), and nothing else."""
+# What a run writes into its directory (the layout above), all of which --overwrite replaces.
+RUN_OUTPUTS = (CHECKPOINTS, BEST, "tb", LAST, "metrics.jsonl", "run.json", "summary.json")
+TB_FILES = ("events.out.tfevents.*",)  # what TensorBoard's SummaryWriter writes into tb/
+
+
+def foreign_run_file(run_dir: str | os.PathLike) -> Path | None:
+    """The first thing among `RUN_OUTPUTS` that no run of aiayn train wrote (a user's notes in
+    checkpoints/ or best/, a directory named metrics.jsonl), which clearing the run would
+    delete; None when there is none."""
     r = Path(run_dir)
-    for name in (CHECKPOINTS, BEST, "tb", LAST, "metrics.jsonl", "run.json", "summary.json"):
+    for name in ("metrics.jsonl", "run.json", "summary.json", LAST):
+        p = r / name
+        if p.is_dir() and not p.is_symlink():
+            return p
+    for name, files in ((BEST, MODEL_DIR_FILES), ("tb", TB_FILES)):
+        p = r / name
+        if os.path.lexists(p):
+            if not p.is_dir() or p.is_symlink():
+                return p
+            theirs = foreign_entry(p, files)
+            if theirs is not None:
+                return theirs
+    root = r / CHECKPOINTS
+    if not os.path.lexists(root):
+        return None
+    if not root.is_dir() or root.is_symlink():
+        return root
+    for d in sorted(root.iterdir()):
+        if is_temporary(d.name) or (d.name.startswith(".step_") and d.is_dir() and not d.is_symlink()):
+            continue  # an interrupted write's (remove_stale_temporaries)
+        if not (_STEP_DIR.match(d.name) and d.is_dir() and not d.is_symlink()):
+            return d
+        theirs = foreign_entry(d, MODEL_DIR_FILES)
+        if theirs is not None:
+            return theirs
+    return None
+
+
+def check_run_is_ours(run_dir: str | os.PathLike) -> None:
+    """Refuse (one line naming it) to replace a run that holds something no run wrote."""
+    theirs = foreign_run_file(run_dir)
+    if theirs is not None:
+        raise UserError(f"{theirs} is not something aiayn train wrote, and starting over would "
+                        f"delete it; move it out of {run_dir}, or choose another --out")
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove what a training run writes into `run_dir` (for --overwrite), and nothing else:
+    refused before anything is deleted where those hold a file no run wrote (`foreign_run_file`)."""
+    r = Path(run_dir)
+    check_run_is_ours(r)
+    for name in RUN_OUTPUTS:
         delete_atomically(r / name)  # a kill midway leaves no half-deleted checkpoint
 
 # --- RNG states -------------------------------------------------------------------------------
@@ -230,6 +281,8 @@ def resume_point(run_dir: Path, resume: bool, overwrite: bool) -> Path | None:
         if theirs:
             raise UserError(f"{run_dir} holds {', '.join(theirs)} that no aiayn train run wrote; "
                             f"choose another --out")
+    if overwrite:  # clear_run deletes only what runs wrote: checked here, on every rank, first
+        check_run_is_ours(run_dir)
     return None
 
 

@@ -22,7 +22,15 @@ import torch
 from safetensors.torch import save_file
 
 from aiayn.checks import read_json
-from aiayn.data.model_dir import CONFIG_FILE, META_FILE, WEIGHTS_FILE, load_state_checked, read_weights
+from aiayn.data.model_dir import (
+    CONFIG_FILE,
+    META_FILE,
+    WEIGHTS_FILE,
+    check_fits_weights,
+    load_state_checked,
+    read_weights,
+    weight_shapes,
+)
 from aiayn.errors import UserError
 from aiayn.parsing.chart.config import ChartConfig
 from aiayn.parsing.chart.data import Vocabulary
@@ -72,13 +80,23 @@ def is_chart_model(path: str | os.PathLike) -> bool:
 
 
 def read_chart_config(path: str | os.PathLike) -> ChartConfig:
+    """A chart parser's config; where the directory holds weights, checked against their shapes
+    before any model is built (`aiayn.data.model_dir.check_fits_weights`)."""
     p = Path(path)
     if (p / "config.json").exists():
-        return ChartConfig.from_dict(read_json(p / "config.json"), str(p / "config.json"))
-    old = read_json(p / VOCABULARY_FILE, {"kind": str, "config": dict})
-    # models saved before d_char read no characters
-    return ChartConfig.from_dict({"task": ChartConfig.TASK, "d_char": 0, **old["config"]},
-                                 str(p / VOCABULARY_FILE))
+        where = p / "config.json"
+        cfg = ChartConfig.from_dict(read_json(where), str(where))
+    else:
+        where = p / VOCABULARY_FILE
+        old = read_json(where, {"kind": str, "config": dict})
+        # models saved before d_char read no characters
+        cfg = ChartConfig.from_dict({"task": ChartConfig.TASK, "d_char": 0, **old["config"]}, str(where))
+    if (p / WEIGHTS_FILE).exists():
+        v = read_vocabulary(p)
+        check_fits_weights(where, weight_shapes(p),
+                           lambda: SpanParser(cfg, len(v.words), len(v.labels), len(v.chars)),
+                           {"layers": ("n_layers", cfg.n_layers, "encoder")})
+    return cfg
 
 
 def read_vocabulary(path: str | os.PathLike) -> Vocabulary:
