@@ -49,6 +49,7 @@ def independent_row(model_dir: Path, src: Path, ref: Path, precision: str) -> di
             "argmax_moved_pct": 100 * moved / positions}
 
 
+@pytest.mark.slow
 @needs_int8
 def test_fidelity_rows_fp32_measures_nothing_int8_something(model_dir, tmp_path):
     src, ref = texts(tmp_path)

@@ -27,6 +27,7 @@ def run_system(system: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system", ["aiayn", "torch"])
 def test_train_systems_runs_with_sizing_options(system):
     out = run_system(system)

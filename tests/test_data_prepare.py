@@ -204,6 +204,7 @@ def run_cli(*args, cwd):
                           text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_cli_prepare_and_missing_file(raw, tmp_path):
     d = raw["dir"]
     out = tmp_path / "cli_ds"

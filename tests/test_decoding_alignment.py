@@ -84,6 +84,7 @@ def translator(tmp_path_factory):
 LINES = ["the cat sat on the mat", "", "a dog runs in the park", "die kinder"]
 
 
+@pytest.mark.slow
 def test_translator_align_returns_the_attention_behind_the_translation(translator):
     found = translator.align(LINES)
     assert [a.translation for a in found] == translator.translate(LINES)

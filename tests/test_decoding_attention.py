@@ -43,6 +43,7 @@ def teacher_forced(model, src: list[int], tokens: list[int], steps: int) -> dict
     return w
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unfused", [True, False], ids=["eq1-written-out", "fused-kernel"])
 def test_decode_step_weights_equal_teacher_forced(model, sources, unfused, monkeypatch):
     # both attention kernels a decoding step may use (`attention.unfused_decoding` picks one)

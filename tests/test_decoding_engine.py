@@ -162,6 +162,7 @@ SEARCHES = [SearchOptions(greedy=True), SearchOptions(beam_size=4, alpha=0.6),
             SearchOptions(beam_size=4, alpha=1.0, early_stop="current")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", SEARCHES, ids=["greedy", "beam", "nbest", "current"])
 @pytest.mark.parametrize("room", [3, 30], ids=["joins", "one-batch"])
 def test_every_sentence_equals_decoding_it_alone(reverser, options, room):
@@ -172,6 +173,7 @@ def test_every_sentence_equals_decoding_it_alone(reverser, options, room):
         _same(hyps, _alone(reverser, ids, options), 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", pytest.param("int8", marks=needs_int8)])
 def test_reduced_precision_results_do_not_depend_on_the_neighbours(reverser, precision):
     model = convert(copy.deepcopy(reverser), precision)

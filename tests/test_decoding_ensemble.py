@@ -69,6 +69,7 @@ def two_models():
 SOURCES = [[5, 9, 7, 12], [20, 4], [6, 6, 8, 11, 13, 15]]
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_one_model_or_of_a_model_with_itself_is_that_model(two_models):
     model = two_models[0]
     src, mask = source_batch(SOURCES)
@@ -131,6 +132,7 @@ def model_dirs(tmp_path_factory):
             reverser_model_dir(root / "c", separate=True))
 
 
+@pytest.mark.slow
 def test_loader_checks_vocabularies_and_bf16_converts_every_member(model_dirs):
     a, b, other = model_dirs
     assert not isinstance(load_models([a]).model, Ensemble)

@@ -244,6 +244,7 @@ def forced_logprobs(model, src, mask, i: int, tokens: list[int]) -> torch.Tensor
         return next_token_logprobs(model(src[i : i + 1], tgt, mask[i : i + 1])[0])  # (T+1, V)
 
 
+@pytest.mark.slow
 @needs_int8
 def test_int8_search_against_fp32_on_a_trained_model(tmp_path):
     # Greedy: let delta be the largest difference between int8's and fp32's log-probabilities
@@ -336,6 +337,7 @@ def test_auto_precision_per_machine_kind(monkeypatch, native_bf16, device, expec
     assert train_resolve("auto", torch.device(device)) == expected
 
 
+@pytest.mark.slow
 def test_auto_translator_and_cli_use_this_machines_choice(model_dir, tmp_path):
     chosen = auto_precision("cpu")
     auto = Translator(load_model(model_dir), precision="auto")
@@ -369,6 +371,7 @@ def test_cli_precision_flags(model_dir, tmp_path):
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
+@pytest.mark.slow
 @needs_int8
 def test_cli_int8_equals_the_translator(model_dir, tmp_path):
     lines = ["the cat sat on the mat", "", "a dog runs", "die kinder spielen im garten"]

@@ -120,6 +120,7 @@ def _cli(*args, stdin: bytes = b"") -> subprocess.CompletedProcess:
                           input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_file_to_file(model_dir, loaded, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
@@ -151,6 +152,7 @@ def test_cli_file_to_file(model_dir, loaded, tmp_path):
     assert r.returncode == 0 and out.read_text(encoding="utf-8").split("\n")[:-1] == expected
 
 
+@pytest.mark.slow
 def test_cli_stdin_stdout_nbest(model_dir):
     text = "the cat\n\na dog runs\n".encode()
     r = _cli("--model", model_dir, "--nbest", 2, stdin=text)
@@ -178,6 +180,7 @@ def test_cli_early_stop_option(model_dir, loaded):
         SearchOptions(early_stop="never").validate()
 
 
+@pytest.mark.slow
 def test_cli_user_errors(model_dir, tmp_path):
     r = _cli("--model", tmp_path / "nope", stdin=b"hello\n")
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"nope" in r.stderr

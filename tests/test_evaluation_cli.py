@@ -59,6 +59,7 @@ def test_json_output_parses_and_lowercase_switches_to_multi30k_style(files):
     assert "Multi30k" in d["tokenized_bleu"]["style"]
 
 
+@pytest.mark.slow
 def test_mismatched_line_counts_exit_2_with_one_line_and_no_traceback(files, tmp_path):
     hyp, _ = files
     short = tmp_path / "short.de"

@@ -77,6 +77,7 @@ def exported(request, tmp_path_factory):
     return load_model(model_dir), translator, root / "ct2"
 
 
+@pytest.mark.slow
 def test_ctranslate2_greedy_equals_aiayn_greedy(exported):
     loaded, translator, _ = exported
     sources = _sources(loaded.cfg.src_vocab)

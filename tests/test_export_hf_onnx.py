@@ -41,6 +41,7 @@ def _aiayn_greedy(loaded, sources: list[list[int]], complete: bool = False):
     return [(h.tokens, h.complete) for h in found] if complete else [h.tokens for h in found]
 
 
+@pytest.mark.slow
 def test_the_export_loads_and_computes_aiayns_logits(trained, hf_dir):
     loaded = load_model(trained)
     tok = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
@@ -116,6 +117,7 @@ def test_what_marian_cannot_hold_is_refused_in_one_line(trained, tmp_path, capsy
     assert "stores fp32" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_onnxruntime_greedy_decoding_equals_aiayns(trained, tmp_path, capsys):
     pytest.importorskip("onnxruntime")  # the `onnx` extra (scripts/test.sh)
     from aiayn.export.onnx import OnnxGreedy

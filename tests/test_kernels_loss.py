@@ -44,6 +44,7 @@ def _loss_and_grads(logits, target, eps):
     return out, x.grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_gpus_compiled_loss_equals_the_cpus_blocked_one(monkeypatch, dtype):
     """On a GPU the loss runs `_whole_terms` and `_whole_grad` compiled (torch.compile, dynamic

@@ -8,6 +8,7 @@ Parsed with `ast`, so nothing is imported and optional packages need not be inst
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,16 @@ def test_imports_are_resolved_to_modules(tmp_path, source, expected):
     path.write_text(source)
     known = set(_modules())
     assert _imports("aiayn.decoding.m", path, known) == [(1, expected)]
+
+
+def test_the_readme_layout_matches_the_tree():
+    # README.md's "Layout" block is a newcomer's map: every package of aiayn/ is on it, and
+    # everything on it exists.
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    named = set(re.findall(r"(?:^|\s)((?:aiayn/)?[\w.]+/?)(?=\s{2,}|$)", block, re.M))
+    named = {n for n in named if "/" in n or n.endswith(".py")}
+    assert all((PACKAGE.parent / n).exists() for n in named), named
+    packages = {f"aiayn/{p.name}/" for p in PACKAGE.iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= named, sorted(packages - named)

@@ -32,6 +32,7 @@ def test_turned_off_changes_nothing():
     assert environ == {"AIAYN_TUNE_MEMORY": "0"}
 
 
+@pytest.mark.slow
 @glibc_only
 def test_applies_both_before_torch_and_respects_a_user_setting():
     code = """
@@ -46,6 +47,7 @@ def test_applies_both_before_torch_and_respects_a_user_setting():
     assert run_python(late) == "['mallopt'] None"
 
 
+@pytest.mark.slow
 @glibc_only
 def test_the_cli_applies_them_at_startup():
     code = """
@@ -78,6 +80,7 @@ STEP_FAULTS = """
 """
 
 
+@pytest.mark.slow
 @glibc_only
 def test_steady_state_steps_stop_page_faulting():
     # A step that allocates and frees ~56 MiB of tensors, like a training step. With glibc's
@@ -123,6 +126,7 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           env={**environ, **env}, cwd=ROOT)
 
 
+@pytest.mark.slow
 @with_mimalloc
 def test_the_command_restarts_on_mimalloc_unless_told_not_to():
     allocator = [ln for ln in run_cli("info", "--preset", "base").stdout.splitlines()

@@ -278,6 +278,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_info_cli_reports_exact_parameter_count():
     r = run_cli("info", "--preset", "base", "--vocab-size", "37000", "--json")
     assert r.returncode == 0, r.stderr

@@ -46,6 +46,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[list[int
     return [r[: r.index(EOS_ID)] if EOS_ID in r else r for r in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["copy", "reverse"])
 def test_tiny_model_learns_task(task):
     torch.manual_seed(0)

@@ -71,6 +71,7 @@ def shifted(base, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_prepare_vocab_from_encodes_with_the_models_vocabulary(base, shifted, capsys):
     model, _ = base
     data = shifted / "data"
@@ -103,6 +104,7 @@ def test_init_from_starts_from_the_models_weights_with_a_fresh_schedule(base, sh
     assert trainer.cfg == replace(saved, max_steps=5) and saved.max_tokens == 600
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_shifted_domain_lowers_its_loss_and_translates(base, shifted, tmp_path, capsys):
     model, _ = base
     data, run = shifted / "data", tmp_path / "run"

@@ -172,6 +172,7 @@ def rnn_run(tmp_path_factory):
     return data, root / "run", summary
 
 
+@pytest.mark.slow
 def test_rnn_trains_saves_averages_and_decodes(rnn_run, tmp_path):
     from aiayn.data.dataset import ParallelDataset
     from aiayn.data.model_dir import load_model
@@ -225,6 +226,7 @@ def curve(entry: dict, metric: str = "bleu") -> tuple[list[float], list[float]]:
     return [p["wall_s"] for p in pts], [p[metric] for p in pts]
 
 
+@pytest.mark.slow
 def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
     data, run, _ = rnn_run
     from aiayn.training.checkpoint import list_checkpoints
@@ -243,6 +245,7 @@ def test_bleu_against_time_script_scores_every_checkpoint(rnn_run, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0 and (tmp_path / "curve-align.png").exists()
 
 
+@pytest.mark.slow
 def test_word_error_rate_against_time(rnn_run, tmp_path):
     """--g2p's metric: a checkpoint's greedy outputs scored as words against their references
     (lower is better, so the comparison looks for the first time at or below the target), and

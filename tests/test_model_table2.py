@@ -28,6 +28,7 @@ def test_analytic_training_flops():
     assert training_flops(cfg, 10, 7, 30, 20) == flops_per_target_token(cfg, 30, 20) * 70
 
 
+@pytest.mark.slow
 def test_info_prints_table2_for_base_and_big():
     r = run_cli("info", "--preset", "C-N2", "--json")
     assert r.returncode == 0, r.stderr

@@ -243,6 +243,7 @@ def _train(corpus, run, *extra):
                  "--no-tensorboard", "--threads", "1", "--set", *SMALL_CHART, *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chars", [["d_char=0"], ["d_char=8"]])
 def test_train_average_and_parse_end_to_end(tmp_path, capsys, chars):
     corpus = tiny_treebank_corpus(tmp_path / "corpus")
@@ -275,6 +276,7 @@ def test_train_average_and_parse_end_to_end(tmp_path, capsys, chars):
     assert "d_model" in err and "abc" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_killed_chart_run_resumes_to_the_same_weights(tmp_path):
     """SIGKILL after the first checkpoint, then --resume: the uninterrupted run's weights,
     bit for bit (dropout on)."""
@@ -297,6 +299,7 @@ def test_a_killed_chart_run_resumes_to_the_same_weights(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_corpus_is_not_resumed(tmp_path, capsys):
     corpus = tiny_treebank_corpus(tmp_path / "corpus")
     run = tmp_path / "run"

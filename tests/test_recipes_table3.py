@@ -153,6 +153,7 @@ def whole(data, tmp_path_factory):
     return out, results
 
 
+@pytest.mark.slow
 def test_a_killed_study_resumes_where_it_stopped(whole, data, tmp_path, monkeypatch):
     out_whole, expected = whole
     out = tmp_path / "study"
@@ -240,6 +241,7 @@ def test_curve_labels_spread_apart_in_order_around_their_ends():
     assert got == pytest.approx([-0.055, -0.005, 0.045, 0.095])
 
 
+@pytest.mark.slow
 def test_report_files(whole, tmp_path):
     out, results = whole
     doc = report(out)

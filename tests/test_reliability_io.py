@@ -131,6 +131,7 @@ def test_every_command_refuses_an_output_in_use(tmp_path, data, model_dir, capsy
             h.wait()
 
 
+@pytest.mark.slow
 def test_under_torchrun_every_rank_stops_with_rank_0s_message(tmp_path, data):
     """Rank 0 alone takes the lock; when it cannot, the other ranks do not wait for it in a
     collective: every rank exits with the same one-line error."""
@@ -225,6 +226,7 @@ def file_size_limit(limit: int):
     return limited()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["file size limit", "ENOSPC from safetensors"])
 def test_a_full_disk_during_a_checkpoint_keeps_the_last_one(data, tmp_path, monkeypatch, capsys, failure):
     """The checkpoint of step 4 fails to write: one line naming it, the reason and --resume; the
@@ -288,6 +290,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_read_only_output_directories_give_one_line(tmp_path, data, model_dir):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -66,6 +66,7 @@ def test_position_similarity_against_the_encoders_outputs(reverser, tmp_path):
         assert s["similarity"] == pytest.approx(by_hand(h), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser, tmp_path):
     loaded = load_model(reverser)
     tok = loaded.src_tokenizer
@@ -93,6 +94,7 @@ def test_a_reading_model_is_told_apart_from_a_collapsed_one(reverser, tmp_path):
     assert min(got["cross_entropy_share"]) > 0.99
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_rejects_a_missing_file(reverser, tmp_path):
     src = tmp_path / "src.txt"
     src.write_text("hello world\nthe cat sat\n", encoding="utf-8")

@@ -80,6 +80,7 @@ def _stderr_lines(proc: subprocess.Popen) -> "queue.Queue[str]":
     return lines
 
 
+@pytest.mark.slow
 def test_aiayn_serve_process_answers_like_aiayn_translate(model_dir, tmp_path):
     key_file = tmp_path / "key.txt"
     key_file.write_text("k3y\n")

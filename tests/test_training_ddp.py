@@ -71,6 +71,7 @@ def losses(run):
             if '"train"' in line]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_accumulating(tmp_path):
     ddp, one, outs = run_both(tmp_path, "fp32")
     assert "dev loss" in outs[0][1] and "done:" in outs[0][1]

@@ -371,6 +371,7 @@ def test_precision_choices():
 # --- aiayn train --compile ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compiled_layers_train_as_the_eager_model_does():
     """`compile_for_training` compiles each encoder and decoder layer in place: the same loss and
     gradients as the eager model (dropout off: the compiled RNG stream differs), over batches of

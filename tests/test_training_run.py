@@ -51,6 +51,7 @@ def trained(data, tmp_path_factory):
     return run, summary
 
 
+@pytest.mark.slow
 def test_dev_loss_falls_and_everything_is_logged(trained):
     run, summary = trained
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -92,6 +93,7 @@ def test_checkpoint_layout(trained):
     assert not (run / "best" / TRAINER_STATE).exists()
 
 
+@pytest.mark.slow
 def test_average_cli_on_a_run(trained, tmp_path, capsys):
     run, _ = trained
     r = run_cli("average", "--run", str(run), "--last", "3", "--out", str(tmp_path / "avg"))
@@ -173,6 +175,7 @@ def test_resume_repoints_last_left_behind_by_a_kill(data, tmp_path):
     assert all(torch.equal(final[k], v) for k, v in load_file(str(run / "last" / "model.safetensors")).items())
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bit_identical(data, tmp_path):
     """A real training process is killed with SIGKILL after its first checkpoint; resuming it
     ends with exactly the weights of an uninterrupted run (dropout on, evaluation on)."""
@@ -309,6 +312,7 @@ def test_time_budget_counts_the_whole_run(data, tmp_path, fake_clock):
     assert more["steps"] > s["steps"]
 
 
+@pytest.mark.slow
 def test_a_short_budget_checkpoints_often_enough_to_average(data, tmp_path, fake_clock, capsys):
     """With --save-minutes not given, a budget shorter than n_average + 1 of the paper's 10-minute
     intervals checkpoints every budget / (n_average + 1) minutes, and says so."""
@@ -332,6 +336,7 @@ def test_a_limit_before_the_end_of_warmup_is_said_in_one_line(data, tmp_path, ca
     assert "warmup_steps" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_warmup_warning_times_the_updates_after_the_first(data, tmp_path, monkeypatch, capsys):
     """The first updates of a session are slow (kernel selection, compiling): the budget's pace
     is taken from the later ones. Here the first 10 take 5 s each and the rest 0.1 s, so a

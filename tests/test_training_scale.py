@@ -41,6 +41,7 @@ def weights(run):
     return load_file(str(run / "last" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_sharded_training_equals_unsharded_and_resumes_exactly(datasets, tmp_path):
     one, many = datasets
     ds = ParallelDataset(many, "train")
@@ -73,6 +74,7 @@ def reference_epoch(src, tgt, max_tokens, seed, epoch):
     return [batches[j] for j in np.random.default_rng([seed, epoch]).permutation(len(batches))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint16])
 def test_sampler_batches_follow_the_rule_whatever_the_length_dtype(dtype):
     rng = np.random.default_rng(0)

@@ -38,6 +38,7 @@ def _check_rows(w: np.ndarray) -> None:
     assert (w >= 0).all()
 
 
+@pytest.mark.slow
 def test_maps_from_the_search_and_teacher_forced(translator):
     maps = collect_attention(translator, "the cat sat on the mat")
     s, t = len(maps.src_pieces), len(maps.out_pieces)
@@ -105,6 +106,7 @@ def test_page_embeds_the_weights(translator):
     assert "https://" not in page and "src=" not in page  # nothing to fetch
 
 
+@pytest.mark.slow
 def test_attention_command(model_path, tmp_path, capsys):
     out = tmp_path / "att"
     args = ["attention", "--model", str(model_path), "--src", "the cat sat on the mat",

@@ -82,6 +82,7 @@ def test_figures_show_the_formulas():
     assert fig.axes[0].lines[1].get_xdata()[0] == 4000  # the peak's marker
 
 
+@pytest.mark.slow
 def test_plot_commands_write_images(tmp_path, capsys):
     run = write_metrics(tmp_path / "run")
     results = tmp_path / "t3.csv"
