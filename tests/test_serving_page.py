@@ -1,7 +1,9 @@
 """The web page in a real browser: Debian's headless Chromium, driven by selenium through Debian's
 chromedriver (never a browser or driver downloaded by a tool). A person's steps: open the page,
 type a sentence, wait for the translation, its n-best list and its attention heatmap; then the
-screenshot must show them, at a desktop's width and at a phone's."""
+screenshot must show them, at a desktop's width and at a phone's. The page's timers run on a fake
+clock that the test advances, so the debounce is checked the same way however slowly the browser
+receives the keys."""
 
 from __future__ import annotations
 
@@ -16,6 +18,37 @@ from aiayn.serving.settings import ServeSettings
 from helpers import FixedAttentionModel, chrome, serve_in_thread
 
 SENTENCE = "the cat sat on the mat"
+
+# Replaces the page's setTimeout/clearTimeout by a clock that stands still until the test calls
+# __advance(ms), which runs the timers due by then in order; __fetches records the lines each
+# /translate request the page makes carries.
+FAKE_CLOCK = """
+const clock = {now: 0, next: 1, timers: new Map()};
+window.setTimeout = (fn, ms, ...args) => {
+  const id = clock.next++;
+  clock.timers.set(id, {at: clock.now + Math.max(0, Number(ms) || 0), fn, args});
+  return id;
+};
+window.clearTimeout = (id) => { clock.timers.delete(id); };
+window.__advance = (ms) => {
+  const end = clock.now + ms;
+  for (;;) {
+    let due = null;
+    for (const entry of clock.timers) if (entry[1].at <= end && (!due || entry[1].at < due[1].at)) due = entry;
+    if (!due) break;
+    clock.timers.delete(due[0]);
+    clock.now = due[1].at;
+    due[1].fn(...due[1].args);
+  }
+  clock.now = end;
+};
+window.__fetches = [];
+const realFetch = window.fetch;
+window.fetch = (url, init) => {
+  if (url === "/translate") window.__fetches.push(JSON.parse(init.body).q);
+  return realFetch.call(window, url, init);
+};
+"""
 
 
 def image(path) -> np.ndarray:
@@ -40,17 +73,26 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             wait = WebDriverWait(driver, 60)
             driver.get(url + "/")
             wait.until(lambda d: "→" in d.find_element(By.ID, "model-info").text)
+            driver.execute_script(FAKE_CLOCK)
+            debounce = driver.execute_script("return DEBOUNCE_MS")
             box = driver.find_element(By.ID, "src")
-            box.send_keys(SENTENCE)  # one key at a time, as typed
+            # one key at a time, each just inside the debounce of the one before: nothing is sent
+            # while typing, however long the whole takes; the pause after the last key sends it
+            type_keys(driver, box, SENTENCE, debounce - 1)
+            assert driver.execute_script("return window.__fetches") == []
+            driver.execute_script("__advance(arguments[0])", debounce)
             wait.until(lambda d: " ms" in d.find_element(By.ID, "status").text
                        and d.find_element(By.ID, "out").text == expected)
+            # one request for the 22 keys, carrying the whole line
+            assert driver.execute_script("return window.__fetches") == [[SENTENCE]]
             wait.until(lambda d: d.find_element(By.ID, "heatmap").is_displayed())
             nbest = driver.find_elements(By.CSS_SELECTOR, "#nbest li")
             assert len(nbest) == min(3, loaded.cfg.beam_size)
             assert nbest[0].text.startswith(expected)
-            # The debounce sent far fewer requests than keys were typed.
-            sent = app.state.metrics.requests.labels("/translate", "200")._value.get()
-            assert 1 <= sent < len(SENTENCE) / 2
+            # and the server answered that one request (counted just after its answer is sent)
+            wait.until(lambda d: translate_requests(app) >= 1)
+            assert app.state.metrics.requests.labels("/translate", "200")._value.get() == 1
+            assert translate_requests(app) == 1
             shot = tmp_path / "desktop.png"
             driver.save_screenshot(str(shot))
             canvas = driver.find_element(By.ID, "heatmap")
@@ -68,12 +110,14 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             second = "a dog runs in the park"
             expected2 = Translator(loaded).translate([second])[0]
             before = app.state.metrics.sentences._value.get(), translate_requests(app)
-            box.send_keys(Keys.ENTER, second)
+            type_keys(driver, box, Keys.ENTER + second, debounce - 1)
+            driver.execute_script("__advance(arguments[0])", debounce)
             wait.until(lambda d: d.find_element(By.ID, "out").text == expected + "\n" + expected2
                        and "from cache" in d.find_element(By.ID, "status").text)
-            # Each request since carried one sentence at most (typing may send a few prefixes).
-            sentences = app.state.metrics.sentences._value.get() - before[0]
-            assert 1 <= sentences <= translate_requests(app) - before[1]
+            assert driver.execute_script("return window.__fetches") == [[SENTENCE], [second]]
+            assert app.state.metrics.sentences._value.get() - before[0] == 1
+            wait.until(lambda d: translate_requests(app) > before[1])
+            assert translate_requests(app) - before[1] == 1
 
             driver.set_window_size(390, 844)  # a phone
             overflow = driver.execute_script(
@@ -84,6 +128,13 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             assert not_blank(image(phone))
         finally:
             driver.quit()
+
+
+def type_keys(driver, box, keys: str, pause_ms: int) -> None:
+    """Type `keys` one at a time, advancing the page's fake clock `pause_ms` after each."""
+    for key in keys:
+        box.send_keys(key)
+        driver.execute_script("__advance(arguments[0])", pause_ms)
 
 
 def translate_requests(app) -> float:
