@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -43,20 +44,31 @@ def test_corpus_keeps_a_words_pronunciations_together(tmp_path):
     assert all(refs[i] == lex[w] for i, w in enumerate(test))
 
 
-def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
+def test_demo_runs_end_to_end_and_its_model_translates(tmp_path, monkeypatch, capsys):
+    from aiayn.cli import main
+    from aiayn.training import trainer as trainer_module
+
     out = tmp_path / "demo"
-    env_cmd = [sys.executable, "-m", "aiayn", "demo", "--out", str(out), "--preset", "g2p-small-v2", "--set", "n_layers=1", "d_model=32", "d_ff=64",
-               "--time-budget", "0.05", "--max-train-words", "400", "--n-valid", "20", "--n-test",
-               "30", "--threads", "1", "--no-progress", "--json"]
-    r = subprocess.run(env_cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(r.stdout)
+    args = ["demo", "--out", str(out), "--preset", "g2p-small-v2", "--set", "n_layers=1", "d_model=32", "d_ff=64",
+            "--time-budget", "0.05", "--max-train-words", "400", "--n-valid", "20", "--n-test",
+            "30", "--threads", "1", "--no-progress", "--json"]
+    # The demo's budget is in minutes: the trainer's clock advances 10 ms each time it is read, so
+    # the 3 s budget ends after the same updates however loaded the machine is.
+    ticks = itertools.count()
+    monkeypatch.setattr(trainer_module, "_clock", lambda: next(ticks) * 0.01)
+    code = main(args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    res = json.loads(captured.out)
     assert 0.0 <= res["wer"] <= 1.0 and res["test_words"] == 30 and len(res["samples"]) == 10
     assert json.loads((out / "results.json").read_text())["wer"] == res["wer"]
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["stopped_by"] == "time_budget" and summary["steps"] == res["train"]["steps"] > 0
+    assert next(ticks) >= 300  # the budget ran on that clock: 3 s of 10 ms reads
     # the final model averages the run's newest checkpoints (§6.1), the last one included
     averaged = json.loads((out / "model" / "meta.json").read_text())["averaged_from"]
     assert averaged and Path(averaged[-1]).resolve() == (out / "run" / "last").resolve()
-    assert "final model: the average of" in r.stderr
+    assert "final model: the average of" in captured.err
     # the saved model answers `aiayn translate` for a new word: phoneme symbols out
     t = subprocess.run([sys.executable, "-m", "aiayn", "translate", "--model", str(out / "model")],
                        input="hello\n\nworld\n", capture_output=True, text=True)
@@ -65,8 +77,8 @@ def test_demo_runs_end_to_end_and_its_model_translates(tmp_path):
     assert lines[1] == "" and all(tok.isupper() for tok in lines[0].split())
     # a second run reuses the trained model instead of training again, and reports the preset it
     # was trained with, not the one it was called with this time
-    again = (env_cmd[:env_cmd.index("--preset")] + ["--preset", "g2p-small-rnn"]
-             + env_cmd[env_cmd.index("--time-budget"):])
+    again = ([sys.executable, "-m", "aiayn"] + args[:args.index("--preset")]
+             + ["--preset", "g2p-small-rnn"] + args[args.index("--time-budget"):])
     r2 = subprocess.run(again, capture_output=True, text=True)
     assert r2.returncode == 0 and "reusing the trained model" in r2.stderr
     assert json.loads(r2.stdout)["preset"] == "g2p-small-v2" and "(preset g2p-small-v2;" in r2.stderr
