@@ -8,7 +8,9 @@
 # sqrt(300 / 4000)); with warmup_steps=300 alone the peak is 3.6x the paper's, and base did not
 # learn on one H100 (dev perplexity 422 at step 200, rising after). Logs in $OUT. DEVICE=cpu
 # and SET (more --set changes, e.g. a tiny model) run it anywhere: the test suite does, at a
-# tiny size; KILL_AFTER is the seconds from the first checkpoint to the kill (default 10).
+# tiny size; KILL_AFTER is the seconds from the first checkpoint to the kill (default 10; 0: as
+# soon as it appears); STEPS and SAVE_EVERY (updates) replace MINUTES and SAVE_MINUTES, for a run
+# that does the same on a loaded machine as on an idle one (the test suite's).
 #
 #     DATA=runs/gpu-carry/multi30k OUT=runs/gpu-e2e MINUTES=1.5 bash benchmarks/gpu_e2e.sh
 set -uo pipefail
@@ -25,19 +27,24 @@ W=${WORK:-$OUT/work}
 rm -rf "$W"
 "${A[@]}" prepare --src-lang en --tgt-lang de --train "$DATA/train" --valid "$DATA/val" \
     --test "$DATA/test_2016_flickr" --vocab-size "${VOCAB:-8000}" --out "$W/data" --no-progress || exit 1
+if [ -n "${STEPS:-}" ]; then
+  LIMITS=(--max-steps "$STEPS" --save-every "${SAVE_EVERY:-100}")
+else
+  LIMITS=(--time-budget "$MINUTES" --save-minutes "${SAVE_MINUTES:-0.5}")
+fi
 TRAIN=("$PY" -m torch.distributed.run --nproc_per_node=1 -m aiayn train --data "$W/data"
        --out "$W/run" --preset base --set warmup_steps=300 lr_scale=0.274 ${SET:-} --precision "$PRECISION"
-       --device "$DEVICE" --time-budget "$MINUTES" --save-minutes "${SAVE_MINUTES:-0.5}"
+       --device "$DEVICE" "${LIMITS[@]}"
        --eval-every 200 --eval-bleu-sentences 100 --no-tensorboard --no-progress)
 # the first session, killed (SIGKILL) KILL_AFTER s after its first checkpoint: torchrun's agent
 # and its worker, the trainer, which torchrun starts in a session of its own (the PID in the run's
 # lock file): killing the agent's process group alone leaves the trainer running
 setsid "${TRAIN[@]}" > "$OUT/train1.log" 2>&1 &
 PID=$!
-for _ in $(seq 1 600); do
+for _ in $(seq 1 3000); do
   [ -d "$W/run/checkpoints" ] && ls "$W/run/checkpoints" | grep -q '^step_' && break
   kill -0 "$PID" 2>/dev/null || break
-  sleep 0.5
+  sleep 0.1
 done
 sleep "${KILL_AFTER:-10}"
 TRAINER=$(cut -d' ' -f1 "$W/.run.lock" 2>/dev/null)

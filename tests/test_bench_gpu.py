@@ -21,8 +21,11 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
         (data / f"{name}.en").write_text("".join(p[0] + "\n" for p in pairs))
         (data / f"{name}.de").write_text("".join(p[1] + "\n" for p in pairs))
     out = tmp_path / "out"
+    # a budget in updates, a checkpoint every 10, and the kill as soon as the first one appears:
+    # the same run on a loaded machine as on an idle one
+    steps, save_every = 200, 10
     env = {**os.environ, "DATA": str(data), "OUT": str(out), "DEVICE": "cpu", "PRECISION": "fp32",
-           "MINUTES": "0.25", "SAVE_MINUTES": "0.02", "KILL_AFTER": "2", "VOCAB": "300",
+           "STEPS": str(steps), "SAVE_EVERY": str(save_every), "KILL_AFTER": "0", "VOCAB": "300",
            "PYTHON": sys.executable,
            "OMP_NUM_THREADS": "1", "PET_MASTER_PORT": str(free_port()),  # torchrun's --master-port
            "SET": "d_model=32 d_ff=64 n_layers=1 n_heads=4 max_tokens=400 max_len_b=10"}
@@ -36,10 +39,10 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
     assert "done:" not in (out / "train1.log").read_text()
     resumed_at = int(report.split("resuming ")[1].split(" at step ")[1].split()[0])
     done_at = int(report.split("done: ")[1].split()[0])
-    assert 0 < resumed_at < done_at, report
+    assert 0 < resumed_at < done_at == steps and resumed_at % save_every == 0, report
     assert "averaged" in report and "BLEU" in report
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["skipped_updates"] == 0 and summary["stopped_by"] == "time_budget"
+    assert summary["skipped_updates"] == 0 and summary["stopped_by"] == "max_steps"
     assert (out / "dev.jsonl").read_text().count('"dev"') >= 1
 
 
