@@ -3,9 +3,10 @@
 - ctranslate2: model.bin, config.json, the vocabularies and our sentencepiece model(s): all a
   user needs to translate with `ctranslate2.Translator` (pass `suppress_sequences=[["<pad>"],
   ["<s>"]]` for outputs identical to aiayn's greedy search). `pip install 'aiayn[export]'`.
-- huggingface: a `transformers.MarianMTModel` directory with its tokenizer, for
-  `from_pretrained`, `generate` and the Hub; greedy output equal to aiayn's token
-  for token (aiayn/export/huggingface.py says what differs). `pip install 'aiayn[huggingface]'`.
+- huggingface: a `transformers.MarianMTModel` directory (a pre-norm model: a
+  `PegasusForConditionalGeneration`) with its tokenizer, for `from_pretrained`, `generate` and
+  the Hub; greedy output equal to aiayn's token for token (aiayn/export/huggingface.py says what
+  differs). `pip install 'aiayn[huggingface]'`.
 - onnx: encoder.onnx and decoder.onnx (with the keys and values of past positions as inputs),
   config.json and the sentencepiece model(s), for onnxruntime (aiayn/export/onnx.py;
   `OnnxGreedy` there decodes with them). `pip install 'aiayn[onnx]'`.
@@ -56,10 +57,12 @@ def main(args: argparse.Namespace) -> int:
     # Each exporter loads torch and its optional library (transformers, onnx, ctranslate2), and
     # only its own: imported in its branch, so that --help answers at once.
     if args.format == "huggingface":
-        from aiayn.export.huggingface import export_huggingface
+        from aiayn.data.model_dir import read_config
+        from aiayn.export.huggingface import export_huggingface, model_class
 
         out = export_huggingface(args.model, args.out, args.overwrite, args.max_positions)
-        print(f"exported {args.model} to Hugging Face (MarianMTModel) in {out}")
+        print(f"exported {args.model} to Hugging Face ({model_class(read_config(args.model))}) "
+              f"in {out}")
         return 0
     if args.format == "onnx":
         from aiayn.export.onnx import export_onnx

@@ -1,6 +1,7 @@
 """A model directory handed to other runtimes (`aiayn export --format ...`), one module each:
 
-- `huggingface` Hugging Face Transformers' `MarianMTModel` (weights permuted, loaded as they are);
+- `huggingface` Hugging Face Transformers' `MarianMTModel`, or `PegasusForConditionalGeneration`
+                for a pre-norm model (weights permuted, loaded as they are);
 - `onnx`        an encoder and an incremental decoder as ONNX graphs, and `OnnxGreedy` to run them;
 - `ctranslate2` CTranslate2's model spec, for its int8 and float32 CPU decoding.
 
