@@ -1,5 +1,6 @@
 """`--precision auto`: one meaning for every command that computes (train, translate, parse,
-serve, attention, evaluate, demo, study).
+serve, attention, evaluate, demo, study), and the default of `Translator` in Python too
+(docs/guides/decoding.md), so that a program and a command decode a model alike.
 
 `auto` is bf16 where the hardware multiplies bf16 natively (a GPU with bf16 tensor cores, or a
 CPU with AVX512-BF16 or AMX), else fp32, the paper's arithmetic. What bf16 means stays each

@@ -62,7 +62,7 @@ def score_checkpoint(model_dir: Path, sources: list[str], refs: list, beam: int 
     from aiayn.evaluation.g2p import word_error_rate
     from aiayn.evaluation.sacre import sacre_bleu
 
-    tr = Translator(load_model(model_dir), greedy=beam is None, beam_size=beam)
+    tr = Translator(load_model(model_dir), precision="fp32", greedy=beam is None, beam_size=beam)
     hyps = tr.translate(sources)
     return 100 * word_error_rate(hyps, refs) if metric == "wer" else sacre_bleu(hyps, refs).score
 

@@ -287,7 +287,7 @@ def test_int8_search_against_fp32_on_a_trained_model(tmp_path):
 
 @needs_int8
 def test_translator_converts_once_and_shares_the_model(model_dir):
-    fp32 = Translator(load_model(model_dir))  # the default: the paper's arithmetic, untouched
+    fp32 = Translator(load_model(model_dir), precision="fp32")  # the paper's arithmetic, untouched
     assert fp32.precision == "fp32" and current(fp32.model) == "fp32"
     assert any(isinstance(m, torch.nn.Linear) for m in fp32.model.modules())
     loaded = load_model(model_dir)

@@ -34,14 +34,15 @@ LINES = [
 
 def test_translator_keeps_order_and_empty_lines(loaded):
     warnings = []
-    tr = Translator(loaded, max_src_tokens=64, warn=warnings.append, batch_tokens=60)
+    tr = Translator(loaded, precision="fp32", max_src_tokens=64, warn=warnings.append, batch_tokens=60)
     out = tr.translate(LINES)
     assert len(out) == len(LINES)
     assert out[1] == out[4] == out[6] == ""  # blank in, blank out ...
     nbest = tr.translate_nbest(LINES, 2)
     assert nbest[1] == nbest[4] == nbest[6] == [(0.0, "")]  # ... without running the model
     # Each line translated alone gives the same text: batching and sorting change nothing.
-    alone = [Translator(loaded, max_src_tokens=64, warn=lambda m: None).translate([line])[0]
+    alone = [Translator(loaded, precision="fp32", max_src_tokens=64, warn=lambda m: None)
+             .translate([line])[0]
              for line in LINES]
     assert out == alone
     # The long line is truncated to 63 pieces + EOS, with one warning naming line 4.
@@ -52,7 +53,7 @@ def test_translator_keeps_order_and_empty_lines(loaded):
 
 
 def test_translator_nbest_and_greedy(loaded):
-    tr = Translator(loaded, beam_size=3)
+    tr = Translator(loaded, precision="fp32", beam_size=3)
     nbest = tr.translate_nbest(LINES[:3], 3)
     assert [len(n) for n in nbest] == [3, 1, 3]
     for entries in nbest:
@@ -60,7 +61,7 @@ def test_translator_nbest_and_greedy(loaded):
         assert scores == sorted(scores, reverse=True)
     assert [n[0][1] for n in nbest] == tr.translate(LINES[:3])
     assert nbest[1] == [(0.0, "")]
-    greedy = Translator(loaded, greedy=True)
+    greedy = Translator(loaded, precision="fp32", greedy=True)
     ids = [loaded.src_tokenizer.encode(line) for line in LINES[:3] if line]
     # tokens in, tokens out: the training loop's dev-BLEU path
     found = search_batched(loaded.model, ids, SearchOptions(greedy=True))
@@ -73,9 +74,9 @@ def test_translator_nbest_and_greedy(loaded):
         loaded.model.eval()
     assert [h[0].tokens for h in again] == [h[0].tokens for h in found]
     with pytest.raises(ValueError):
-        Translator(loaded, greedy=True, nbest=2)
+        Translator(loaded, precision="fp32", greedy=True, nbest=2)
     with pytest.raises(ValueError):
-        Translator(loaded, beam_size=2).translate_nbest(["a"], 3)
+        Translator(loaded, precision="fp32", beam_size=2).translate_nbest(["a"], 3)
 
 
 def test_search_chooses_the_attention_kernels_for_its_device(loaded, monkeypatch):
@@ -130,7 +131,7 @@ def test_cli_file_to_file(model_dir, loaded, tmp_path):
     assert r.returncode == 0, r.stderr
     got = out.read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == len(LINES)
-    expected = Translator(loaded, max_src_tokens=64, warn=lambda m: None).translate(LINES)
+    expected = Translator(loaded, precision="fp32", max_src_tokens=64, warn=lambda m: None).translate(LINES)
     assert got[:-1] == expected
     stderr = r.stderr.decode()
     assert "line 4:" in stderr and "warning" in stderr
@@ -172,7 +173,7 @@ def test_cli_early_stop_option(model_dir, loaded):
     r = _cli("--model", model_dir, "--early-stop", "current", "--alpha", "1.5", stdin=text.encode())
     assert r.returncode == 0, r.stderr
     lines = text.splitlines()
-    tr = Translator(loaded, early_stop="current", alpha=1.5)
+    tr = Translator(loaded, precision="fp32", early_stop="current", alpha=1.5)
     assert r.stdout.decode().split("\n")[:-1] == tr.translate(lines)
     r = _cli("--model", model_dir, "--early-stop", "never", stdin=text.encode())
     assert r.returncode == 2 and b"invalid choice" in r.stderr
@@ -210,7 +211,7 @@ def test_cli_from_a_pipe_answers_each_line_before_the_next_is_sent(model_dir, lo
     """A program that writes a line and waits for its translation gets it: the command reads and
     writes as it goes, flushing each answer, and never waits for the end of its input."""
     lines = ["the cat sat on the mat", "", "a dog runs", "ein hund läuft im park"]
-    expected = Translator(loaded).translate(lines)
+    expected = Translator(loaded, precision="fp32").translate(lines)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--precision", "fp32",
                           "--model", str(model_dir)], stdin=subprocess.PIPE,
@@ -242,7 +243,7 @@ def test_cli_streams_a_file_in_groups_with_the_same_result(model_dir, loaded, tm
     assert cli_main(["translate", "--precision", "fp32", "--model", str(model_dir), "--input",
                      str(src), "--output", str(out), "--max-src-tokens", "64"]) == 0
     warnings: list[str] = []
-    expected = Translator(loaded, max_src_tokens=64, warn=warnings.append).translate(LINES)
+    expected = Translator(loaded, precision="fp32", max_src_tokens=64, warn=warnings.append).translate(LINES)
     assert out.read_text(encoding="utf-8").split("\n")[:-1] == expected
     assert warnings and warnings[0].startswith("line 4:")
     assert "warning: line 4:" in capsys.readouterr().err  # the second group's first line
@@ -281,6 +282,6 @@ def test_stream_raises_the_reading_error_after_the_lines_before_it(loaded):
 
     seen = []
     with pytest.raises(UserError, match="line 2"):
-        for ready in Translator(loaded).stream(broken()):
+        for ready in Translator(loaded, precision="fp32").stream(broken()):
             seen += ready
     assert [i for i, _ in seen] == [0]

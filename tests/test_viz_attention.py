@@ -30,7 +30,7 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def translator(model_path):
-    return Translator(load_model(model_path), warn=lambda m: None)
+    return Translator(load_model(model_path), precision="fp32", warn=lambda m: None)  # fp32 references
 
 
 def _check_rows(w: np.ndarray) -> None:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES, ROOM_TOKENS
+from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES, MAX_BEAM_SIZE, ROOM_TOKENS
 from aiayn.errors import UserError
 from aiayn.training import PRECISIONS as TRAIN_PRECISIONS
 
@@ -255,7 +255,8 @@ def add_search_arguments(p: argparse.ArgumentParser, nbest: bool = True) -> None
     """Search (§6.1), batching and hardware options, shared by `aiayn translate` and `aiayn
     parse` (which writes one tree per sentence: no `--nbest`)."""
     s = p.add_argument_group("search (defaults: the model config's, the paper's)")
-    s.add_argument("--beam", type=int, metavar="K", help="beam size (config default 4)")
+    s.add_argument("--beam", type=int, metavar="K",
+                   help=f"beam size, 1 to {MAX_BEAM_SIZE} (config default 4)")
     s.add_argument("--alpha", type=float, help="length penalty exponent (config default 0.6)")
     s.add_argument("--max-len-a", type=float, metavar="A",
                    help="maximum output length = A * source length + B (config default A=1)")
@@ -312,7 +313,8 @@ def search_options(args: argparse.Namespace) -> "SearchOptions":
         greedy=getattr(args, "greedy", False), beam_size=getattr(args, "beam", None),
         alpha=getattr(args, "alpha", None), max_len_a=getattr(args, "max_len_a", None),
         max_len_b=getattr(args, "max_len_b", None), min_len=getattr(args, "min_len", 0),
-        nbest=getattr(args, "nbest", None) or 1,
+        # --nbest 0 goes to the settings' check (one line), not quietly to 1
+        nbest=1 if getattr(args, "nbest", None) is None else args.nbest,
         early_stop=getattr(args, "early_stop", d.early_stop),
         # --batch-size replaces the token budget rather than adding to it
         batch_tokens=sys.maxsize if batch_size else getattr(args, "batch_tokens", d.batch_tokens),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -93,6 +94,24 @@ def _read_lines(path: str) -> list[str]:
     return read_lines(path)
 
 
+# A line of `aiayn translate --nbest`: index<TAB>score<TAB>text (aiayn/decoding/translate.py,
+# `format_nbest`: the score with six decimals)
+_NBEST_LINE = re.compile(r"(0|[1-9][0-9]*)\t-?[0-9]+\.[0-9]{6}\t")
+
+
+def is_nbest(lines: list[str]) -> bool:
+    """Whether `lines` are an n-best list as `aiayn translate --nbest` writes it: every line
+    index<TAB>score<TAB>text, the indices starting at 0 and never falling. A translation file
+    almost never looks so: its lines would all have to begin with those two columns."""
+    last = 0
+    for line in lines:
+        m = _NBEST_LINE.match(line)
+        if m is None or int(m.group(1)) < last:
+            return False
+        last = int(m.group(1))
+    return bool(lines) and lines[0].startswith("0\t")
+
+
 def _style(lang: str, lowercase: bool) -> tuple[str, dict]:
     """(description, tokenized_bleu keyword arguments) of the tokenized BLEU the flags select."""
     if lowercase:
@@ -157,6 +176,11 @@ def main(args: argparse.Namespace) -> int:
     if args.hyp is not None:
         hyps = _read_lines(args.hyp)
         hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+        if is_nbest(hyps):
+            raise UserError(f"{hyp_name} is an n-best list (index<TAB>score<TAB>text lines, from "
+                            f"aiayn translate --nbest), not one translation a line: pass the 1-best "
+                            f"(aiayn translate without --nbest), or rescore it with aiayn score "
+                            f"--nbest")
         if len(hyps) != len(refs):
             raise UserError(f"{hyp_name} has {len(hyps)} lines but {args.ref} has {len(refs)}; "
                             f"hypotheses and references must be line-aligned")

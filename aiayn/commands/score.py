@@ -14,6 +14,12 @@ Output, one line per input line (`--format jsonl`, the default):
 or with `--format tsv`: logprob<TAB>tokens<TAB>mean (n-best: index<TAB>score<TAB>text<TAB>
 logprob<TAB>tokens<TAB>mean). The input is read and scored a chunk of lines at a time, so a file
 of any length is scored in bounded memory.
+
+Refused in one line naming the file and line: an n-best line that is not index<TAB>score<TAB>text
+with a numeric score (whatever --format), and a source or a text to score longer than the
+model's positions, tokens with EOS against its config's max_positions (1024 by default): the
+table of learned positions, and for sinusoidal ones the bound the model is configured for
+rather than lengths it never saw in training. Nothing is scored beyond it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from typing import IO, Iterator
 
@@ -72,9 +79,31 @@ def _lines(path: str) -> Iterator[str]:
                 raise UserError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
 
 
-def _chunks(args: argparse.Namespace) -> Iterator[list[tuple[int, str, str, list[str]]]]:
-    """(source line number, source, text to score, the input line's own columns), CHUNK at a time."""
-    chunk: list[tuple[int, str, str, list[str]]] = []
+# (0-based source line, source, text to score, the input line's own columns, where the text is:
+# FILE:LINE)
+Row = tuple[int, str, str, list[str], str]
+
+
+def _nbest_columns(row: str, where: str) -> list[str]:
+    """An n-best line's three columns, index<TAB>score<TAB>text, checked: the index a line
+    number, the score a finite number (what `aiayn translate --nbest` writes)."""
+    cols = row.split("\t")
+    if len(cols) != 3 or not cols[0].isdigit():
+        raise UserError(f"{where}: expected index<TAB>score<TAB>text (aiayn translate --nbest's "
+                        f"lines)")
+    try:
+        score = float(cols[1])
+    except ValueError:
+        score = math.nan
+    if not math.isfinite(score):
+        raise UserError(f"{where}: the score column, {cols[1][:40]!r}, is not a number (expected "
+                        f"index<TAB>score<TAB>text, aiayn translate --nbest's lines)")
+    return cols
+
+
+def _chunks(args: argparse.Namespace) -> Iterator[list[Row]]:
+    """The rows to score (`Row`), CHUNK at a time."""
+    chunk: list[Row] = []
     if args.ref is not None:
         n_src = 0
         srcs = _lines(args.src)
@@ -84,7 +113,7 @@ def _chunks(args: argparse.Namespace) -> Iterator[list[tuple[int, str, str, list
                 raise UserError(f"{args.src} has {k} lines but {args.ref} has more; sources and "
                                 f"references must be line-aligned")
             n_src = k + 1
-            chunk.append((k, src, ref, []))
+            chunk.append((k, src, ref, [], f"{args.ref}:{k + 1}"))
             if len(chunk) == CHUNK:
                 yield chunk
                 chunk = []
@@ -94,14 +123,11 @@ def _chunks(args: argparse.Namespace) -> Iterator[list[tuple[int, str, str, list
     else:
         sources = list(_lines(args.src))  # n-best lines point anywhere into it
         for n, row in enumerate(_lines(args.nbest), 1):
-            cols = row.split("\t")
-            if len(cols) != 3 or not cols[0].isdigit():
-                raise UserError(f"{args.nbest}:{n}: expected index<TAB>score<TAB>text (aiayn "
-                                f"translate --nbest's lines)")
+            cols = _nbest_columns(row, f"{args.nbest}:{n}")
             i = int(cols[0])
             if i >= len(sources):
                 raise UserError(f"{args.nbest}:{n}: index {i}, but {args.src} has {len(sources)} lines")
-            chunk.append((i, sources[i], cols[2], cols))
+            chunk.append((i, sources[i], cols[2], cols, f"{args.nbest}:{n}"))
             if len(chunk) == CHUNK:
                 yield chunk
                 chunk = []
@@ -109,8 +135,19 @@ def _chunks(args: argparse.Namespace) -> Iterator[list[tuple[int, str, str, list
         yield chunk
 
 
-def _write(out: IO[str], rows: list[tuple[int, str, str, list[str]]], scores, fmt: str) -> None:
-    for (i, _, _, cols), nll, n in zip(rows, scores.nll, scores.tokens):
+def _check_lengths(rows: list[Row], pairs: list[tuple[list[int], list[int]]], src_path: str,
+                   limit: int) -> None:
+    """Refuse, in one line naming the file and line, a source or a text to score with more
+    positions than the model has (pieces + EOS on the source side, BOS + pieces on the target's)."""
+    for (i, _, _, _, where), (s, t) in zip(rows, pairs):
+        for what, ids in ((f"{src_path}:{i + 1}", s), (where, t)):
+            if len(ids) + 1 > limit:
+                raise UserError(f"{what}: {len(ids) + 1} tokens with EOS, more than the {limit} "
+                                f"positions this model takes (its config's max_positions)")
+
+
+def _write(out: IO[str], rows: list[Row], scores, fmt: str) -> None:
+    for (i, _, _, cols, _), nll, n in zip(rows, scores.nll, scores.tokens):
         logprob = -nll
         if fmt == "tsv":
             out.write("\t".join([*cols, f"{logprob:.6f}", str(n), f"{logprob / n:.6f}"]) + "\n")
@@ -141,14 +178,10 @@ def main(args: argparse.Namespace) -> int:
         src_tok, tgt_tok = loaded.src_tokenizer, loaded.tgt_tokenizer
         out = (stack.enter_context(atomic_write(args.output)) if args.output is not None
                else sys.stdout)
-        limit = loaded.cfg.max_positions if loaded.cfg.positions == "learned" else None
         for rows in _chunks(args):
             pairs = list(zip(src_tok.encode_batch([r[1] for r in rows]),
                              tgt_tok.encode_batch([r[2] for r in rows])))
-            for (i, *_), (s, t) in zip(rows, pairs):
-                if limit is not None and max(len(s), len(t)) + 1 > limit:
-                    raise UserError(f"line {i + 1}: {max(len(s), len(t)) + 1} tokens, more than "
-                                    f"the {limit} positions this model learned")
+            _check_lengths(rows, pairs, args.src, loaded.cfg.max_positions)
             _write(out, rows, score_ids(loaded.model, pairs, args.batch_tokens, autocast), args.format)
             out.flush()
     return 0

@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help=f"seconds from arrival to answer before a 504 (default {d.timeout_s:g})")
     lim.add_argument("--max-beam", type=int, default=d.max_beam, metavar="K",
                      help=f"largest beam size a request may ask for (default {d.max_beam})")
+    lim.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="S",
+                     help=f"seconds a request's line and headers may take to arrive before the "
+                          f"connection is closed (default {d.header_timeout_s:g})")
     lim.add_argument("--max-src-tokens", type=int, default=1024, metavar="N",
                      help="truncate longer sources, as aiayn translate does (default 1024, EOS included)")
     h = p.add_argument_group("hardware")
@@ -115,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
         settings = ServeSettings(batch_tokens=args.batch_tokens, max_wait_ms=args.max_wait_ms,
                                  max_chars=args.max_chars, max_sentences=args.max_sentences,
                                  max_queue=args.max_queue, timeout_s=args.timeout,
-                                 max_beam=args.max_beam)
+                                 max_beam=args.max_beam, header_timeout_s=args.header_timeout)
     except ValueError as e:
         raise UserError(f"serve settings: {e}") from None
     from aiayn.data.model_dir import read_config
@@ -131,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
 
     from aiayn.serving.app import create_app
     from aiayn.serving.batcher import in_passing_thread
+    from aiayn.serving.http import server_config
     from aiayn.serving.model import ServedModel
 
     torch.set_num_threads(args.threads or decoding_threads(torch.get_num_threads()))
@@ -147,7 +151,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"aiayn serve: {served.src_lang or '?'} -> {served.tgt_lang or '?'} from "
           f"{' + '.join(args.model)}; "
           f"listening on http://{shown}:{port}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=args.access_log,
-                            timeout_graceful_shutdown=5, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(server_config(app, settings.header_timeout_s, args.access_log)).run(sockets=[sock])
     return 0

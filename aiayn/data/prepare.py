@@ -63,6 +63,13 @@ from aiayn.data.dataset import (
     token_dtype,
 )
 from aiayn.data.encode import FILTERS, ChunkEncoder, EncodedChunk, PairReservoir, clean, encode_chunk
+from aiayn.data.model_dir import (
+    CONFIG_FILE,
+    SHARED_SPM,
+    WEIGHTS_FILE,
+    tokenizer_files,
+    vocabulary_sha256,
+)
 from aiayn.data.shards import (
     PROGRESS_FILE,
     intact_shards,
@@ -73,9 +80,8 @@ from aiayn.data.shards import (
 )
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
 from aiayn.errors import OutputError, UserError
-from aiayn.files import atomic_write, publish_dir
+from aiayn.files import atomic_write, publish_dir, writing
 from aiayn.locks import exclusive_lock
-from aiayn.data.model_dir import SHARED_SPM, tokenizer_files, vocabulary_sha256
 from aiayn.progress import Progress
 
 CHUNK_PAIRS = 10_000  # pairs per encoding task
@@ -247,8 +253,10 @@ def _copy_vocab(work: Path, model_dir: Path, say) -> dict:
     vocab = {}
     for side in ("src", "tgt"):
         name = SHARED_SPM if SHARED_SPM in files else f"{side}.spm.model"
-        shutil.copyfile(files[name], work / name)
-        tok = Tokenizer.load(work / name)
+        # read, then written as every output here (`atomic_write`): a failed write (disk full) is
+        # one line naming the file written, not the model's file it was copied from
+        tok = Tokenizer.load(files[name])
+        tok.save(work / name)
         vocab[side] = {"file": name, "size": tok.vocab_size,
                        "sha256": hashlib.sha256(tok.model_proto).hexdigest()}
     return vocab
@@ -275,7 +283,8 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
     if not src:
         raise UserError(f"every training pair has an empty side or a NUL byte ({n} pairs)")
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    with writing(work):
+        work.mkdir(parents=True)
     vocab = (_copy_vocab(work, Path(options.vocab_from), say) if options.vocab_from
              else _learn_vocab(work, src, tgt, options, n, say))
     state = {"fingerprint": _fingerprint(options, sources, n), "train_pairs": n,
@@ -373,6 +382,12 @@ def prepare_dataset(
             raise UserError(f"--vocab-from {options.vocab_from}: no sentencepiece model there "
                             f"(spm.model, or src.spm.model and tgt.spm.model): not an aiayn model "
                             f"directory")
+        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE)
+                   if not (Path(options.vocab_from) / n).is_file()]
+        if missing:  # a dataset directory, say: its vocabulary trained no model
+            raise UserError(f"--vocab-from {options.vocab_from}: not an aiayn model directory (no "
+                            f"{' or '.join(missing)}); it takes the model to fine-tune, as aiayn "
+                            f"train or aiayn average wrote it, whose vocabulary encodes the data")
         options = replace(options, separate_vocab=SHARED_SPM not in files)
     options.check()
     if "train" not in splits:

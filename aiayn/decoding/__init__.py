@@ -34,13 +34,20 @@ EARLY_STOP_RULES = ("exact", "current")
 # 2,000 real tokens decoded that set as fast as 4,000 in 80 MB less (2-core AVX2 EPYC; 1,000
 # took 1.5x the time; docs/experiments/decoding.md)
 ROOM_TOKENS = 3000
+# The largest beam a search takes (`aiayn translate --beam`, `Translator(beam_size=...)`, `aiayn
+# serve --max-beam`), checked once in `search.SearchSettings`. A search's time and memory grow
+# linearly with k, and the room above counts sentences, not their k hypotheses each, so k
+# multiplies a full batch's memory: a typo such as --beam 10000 would take gigabytes for one
+# sentence. The paper searches with k = 4 (§6.1) and 21 (§6.3); 64 leaves every such search, and
+# a study of wider beams, room, and refuses only a mistake, in one line, before any work.
+MAX_BEAM_SIZE = 64
 
 _LAZY = {"BeamSearch": "beam", "Hypothesis": "common", "length_penalty": "common",
          "max_output_lengths": "common", "source_batch": "common", "SearchEngine": "engine",
          "SearchOptions": "search", "SearchSettings": "search", "resolve_search": "search",
          "Translator": "translate", "search_batched": "translate"}
 
-__all__ = ["DECODE_PRECISIONS", "EARLY_STOP_RULES", "ROOM_TOKENS", *_LAZY]
+__all__ = ["DECODE_PRECISIONS", "EARLY_STOP_RULES", "MAX_BEAM_SIZE", "ROOM_TOKENS", *_LAZY]
 
 
 def __getattr__(name: str):

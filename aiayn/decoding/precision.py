@@ -11,7 +11,7 @@
   with AVX2 or newer, the Transformer only (the RNN baseline is refused). Not the paper's
   arithmetic, so never the default: outputs may differ from fp32's where two hypotheses score
   within the quantization error (tests/test_decoding_int8.py states the tolerance).
-- auto (the CLI's default): what it means for every command, `aiayn.precision.auto_precision`:
+- auto (the default of every command and of `Translator`): `aiayn.precision.auto_precision`:
   bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), faster than fp32 in the peer
   harness and end to end on both such kinds measured (Xeon with AMX, EPYC Zen 4; int8 is faster
   still on the Zen 4, whose VNNI it uses); else fp32. On the AVX2 EPYC

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import Config
-from aiayn.decoding import EARLY_STOP_RULES, ROOM_TOKENS
+from aiayn.decoding import EARLY_STOP_RULES, MAX_BEAM_SIZE, ROOM_TOKENS
 
 if TYPE_CHECKING:
     from aiayn.decoding.common import AttentionRequest
@@ -35,12 +35,12 @@ class SearchSettings:
     """A search with every setting decided (`SearchOptions.resolve`), checked when made: a
     ValueError (one line) for an impossible one.
 
-    beam_size k, alpha (the GNMT length penalty), the maximum output length L = floor(max_len_a
-    * S + max_len_b) (aiayn/decoding/common.py), `nbest` <= k hypotheses per sentence, the
-    stopping rule (`STOP_RULES`), `min_len` (not in the paper, 0 = off: no EOS before that
-    output length), `attention` (keep the cross-attention behind each hypothesis; None: off),
-    and the engine's room: `batch_tokens` (sentences decoded at once x their widest source,
-    padded) and at most `batch_size` sentences when given."""
+    beam_size k (1 to `MAX_BEAM_SIZE`, 64), alpha (the GNMT length penalty), the maximum output
+    length L = floor(max_len_a * S + max_len_b) (aiayn/decoding/common.py), 1 <= `nbest` <= k
+    hypotheses per sentence, the stopping rule (`STOP_RULES`), `min_len` (not in the paper, 0 =
+    off: no EOS before that output length), `attention` (keep the cross-attention behind each
+    hypothesis; None: off), and the engine's room: `batch_tokens` (sentences decoded at once x
+    their widest source, padded) and at most `batch_size` sentences when given."""
 
     beam_size: int
     alpha: float
@@ -57,8 +57,12 @@ class SearchSettings:
         k = self.beam_size
         if k < 1:
             raise ValueError(f"beam size must be >= 1, got {k}")
+        if k > MAX_BEAM_SIZE:  # why this bound: aiayn/decoding/__init__.py
+            raise ValueError(f"beam size {k} is above the limit of {MAX_BEAM_SIZE} (a search's "
+                             f"time and memory grow with it)")
         if self.nbest < 1:
-            raise ValueError(f"nbest must be >= 1, got {self.nbest}")
+            raise ValueError(f"nbest must be >= 1 (the best hypothesis at least), got "
+                             f"{self.nbest}")
         if self.nbest > k:
             raise ValueError(f"nbest ({self.nbest}) cannot exceed the beam size ({k})")
         if self.alpha < 0:

@@ -106,10 +106,11 @@ class Translator:
         tr.translate(["A sentence.", ""])          # -> ["Ein Satz.", ""]
         tr.translate_nbest(["A sentence."], 4)    # -> [[(score, text), ...]]
 
-    `precision` is the decoding arithmetic (`aiayn.decoding.precision`): "fp32" (the default,
-    the paper's), "bf16", "int8", or "auto" (the fastest measured on this kind of machine); the
-    loaded model is converted in place, once (`loaded.model` becomes the converted model, so
-    translators built on the same `loaded` share it).
+    `precision` is the decoding arithmetic (`aiayn.decoding.precision`): "auto" (the default, as
+    every command's `--precision`: bf16 on a GPU or a CPU with native bf16, else fp32;
+    docs/guides/decoding.md), "fp32" (the paper's), "bf16" or "int8"; the loaded model is
+    converted in place, once (`loaded.model` becomes the converted model, so translators built
+    on the same `loaded` share it).
     `max_src_tokens` bounds the source (pieces + EOS); longer lines are truncated with a warning
     sent to `warn` (default: stderr). The search: `settings` already decided
     (`aiayn.decoding.search.SearchSettings`, what the commands pass), or `SearchOptions` fields
@@ -117,7 +118,7 @@ class Translator:
     `self.settings`.
     """
 
-    def __init__(self, loaded: Any, *, precision: str = "fp32", convert: bool = True,
+    def __init__(self, loaded: Any, *, precision: str = "auto", convert: bool = True,
                  max_src_tokens: int = DEFAULT_MAX_SRC_TOKENS,
                  warn: Callable[[str], None] | None = None,
                  settings: SearchSettings | None = None, **options: Any):
@@ -149,8 +150,11 @@ class Translator:
     def for_model(cls, model: Any, src_tokenizer: Any, tgt_tokenizer: Any | None = None,
                   **kwargs: Any) -> "Translator":
         """A translator for an in-memory model (e.g. dev BLEU during training); it never changes
-        the model's weights: precision fp32 (the default) or bf16, which then means autocast."""
+        the model's weights: precision fp32 (the default here: no autocast of its own, so the
+        search runs under whatever autocast its caller, such as training, holds) or bf16, which
+        then means bf16 autocast."""
         tgt = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
+        kwargs.setdefault("precision", "fp32")
         return cls(LoadedModel(model, getattr(model, "cfg", None), src_tokenizer, tgt),
                    convert=False, **kwargs)
 

@@ -75,7 +75,8 @@ def evaluate_g2p(model_dir: str | Path, words: list[str], refs: list[list[str]],
     from aiayn.data.model_dir import load_model
     from aiayn.decoding.translate import Translator
 
-    tr = Translator(load_model(model_dir, device or "cpu"), beam_size=beam_size, alpha=alpha)
+    tr = Translator(load_model(model_dir, device or "cpu"), precision="fp32", beam_size=beam_size,
+                    alpha=alpha)
     t0 = time.perf_counter()
     hyps = tr.translate(words, progress=progress)
     seconds = time.perf_counter() - t0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiayn.decoding import ROOM_TOKENS
+from aiayn.decoding import MAX_BEAM_SIZE, ROOM_TOKENS
 
 
 def decoding_threads(cores: int) -> int:
@@ -29,7 +29,11 @@ class ServeSettings:
     Limits: `max_chars` characters and `max_sentences` texts per request (answered 413 above);
     `max_queue` sentences waiting for the model (a request that would exceed it is answered 503
     with Retry-After); `timeout_s` seconds from arrival to answer (504 after); `max_beam` bounds a
-    request's beam size, since beam search costs grow with it.
+    request's beam size, since beam search costs grow with it (at most `MAX_BEAM_SIZE`, every
+    search's bound); `header_timeout_s` seconds for a request's line and headers to arrive, from
+    its first byte (or from the connection's opening), after which the connection is closed
+    (`aiayn.serving.http`): a client that sends its headers a byte at a time (slowloris) cannot
+    hold a connection open for longer.
     """
 
     batch_tokens: int = ROOM_TOKENS
@@ -40,16 +44,20 @@ class ServeSettings:
     timeout_s: float = 30.0
     max_beam: int = 8
     retry_after_s: int = 1
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("batch_tokens", "max_chars", "max_sentences", "max_queue", "max_beam",
                      "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_beam > MAX_BEAM_SIZE:  # what any search takes (aiayn/decoding/__init__.py)
+            raise ValueError(f"max_beam must be at most {MAX_BEAM_SIZE}, got {self.max_beam}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("timeout_s", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_queue < self.max_sentences:
             raise ValueError(f"max_queue ({self.max_queue}) must hold one full request "
                              f"(max_sentences {self.max_sentences})")
