@@ -111,7 +111,12 @@ class ConfigFields:
 # position table of 2**20 rows at d_model 1024 is already 4 GiB.
 MAX_SEQUENCE = 2**20  # tokens: max_positions, max_len_b, pad_multiple
 MAX_LENGTH_RATIO = 1024  # max_len_a: output tokens per source token
-MAX_BEAM = 1024  # beam_size
+# beam_size, and every search (`aiayn translate --beam`, `Translator(beam_size=...)`, `aiayn serve
+# --max-beam`): a search's time and memory grow linearly with k, and the decoding room counts
+# sentences, not their k hypotheses each, so a typo such as --beam 10000 would take gigabytes for
+# one sentence. The paper searches with k = 4 (§6.1) and 21 (§6.3); 64 leaves those, and a study
+# of wider beams, room.
+MAX_BEAM = 64
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 
+from aiayn.config import MAX_BEAM
+
 # `--precision` values of `aiayn translate` (aiayn/decoding/precision.py)
 DECODE_PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # when a sentence's beam search ends (aiayn/decoding/beam.py): "exact", the default, or "current"
@@ -34,13 +36,9 @@ EARLY_STOP_RULES = ("exact", "current")
 # 2,000 real tokens decoded that set as fast as 4,000 in 80 MB less (2-core AVX2 EPYC; 1,000
 # took 1.5x the time; docs/experiments/decoding.md)
 ROOM_TOKENS = 3000
-# The largest beam a search takes (`aiayn translate --beam`, `Translator(beam_size=...)`, `aiayn
-# serve --max-beam`), checked once in `search.SearchSettings`. A search's time and memory grow
-# linearly with k, and the room above counts sentences, not their k hypotheses each, so k
-# multiplies a full batch's memory: a typo such as --beam 10000 would take gigabytes for one
-# sentence. The paper searches with k = 4 (§6.1) and 21 (§6.3); 64 leaves every such search, and
-# a study of wider beams, room, and refuses only a mistake, in one line, before any work.
-MAX_BEAM_SIZE = 64
+# The largest beam a search takes, checked once in `search.SearchSettings`: aiayn/config.py says
+# why it is 64 (a config's beam_size has the same bound).
+MAX_BEAM_SIZE = MAX_BEAM
 
 _LAZY = {"BeamSearch": "beam", "Hypothesis": "common", "length_penalty": "common",
          "max_output_lengths": "common", "source_batch": "common", "SearchEngine": "engine",
