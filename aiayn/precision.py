@@ -6,10 +6,9 @@ serve, attention, evaluate, demo, study), and the default of `Translator` in Pyt
 CPU with AVX512-BF16 or AMX), else fp32, the paper's arithmetic. What bf16 means stays each
 command's own: autocast with fp32 weights in training and teacher-forced scoring
 (aiayn/training/precision.py), weights cast once in decoding (aiayn/decoding/precision.py).
-Measured: bf16 was faster than fp32 in training and decoding on both kinds of CPU with native
-bf16 (Xeon with AMX, EPYC Zen 4; int8 decoding, never `auto`'s choice, is faster still on the
-Zen 4), and emulated, so slower than fp32, on an AVX2-only CPU
-(docs/experiments/performance.md, docs/experiments/decoding.md).
+Measured: bf16 was faster than fp32 in training and decoding on every kind of CPU with native
+bf16 tried, and emulated, so slower than fp32, on CPUs without it (the machines and figures:
+docs/experiments/performance.md, docs/experiments/decoding.md).
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ import torch
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix products several times faster than fp32 (2.5x with
-    AVX512-BF16, about 10x with AMX, measured); without them bf16 is emulated and slower: 4.5x
-    slower than fp32 on an AVX-512 Xeon without BF16 (Skylake), and slower on AVX2 CPUs. Asks
+    """AVX512-BF16 or AMX: bf16 matrix products several times faster than fp32; without them
+    bf16 is emulated and slower than fp32, on AVX-512 without BF16 as on AVX2 (measured per
+    machine in docs/experiments/decoding.md). Asks
     the CPU's own flags: oneDNN's `_is_mkldnn_bf16_supported` also says yes where it only
     emulates bf16 on AVX-512."""
     cpu = torch.cpu

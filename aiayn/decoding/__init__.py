@@ -31,10 +31,9 @@ EARLY_STOP_RULES = ("exact", "current")
 # The decoding engine's default room, `--batch-tokens` of translate, parse and serve: the
 # sentences decoded at once x their longest source (EOS included), in the positions decoding
 # holds (padded to `common.SOURCE_MULTIPLE`). 3,000 padded positions hold what 2,000 real tokens
-# held before the room counted the padding (Multi30k test, the recipe's model, 2-core Zen 4:
-# level in time and peak RSS, at most 6% slower and 23 MB more in bf16, int8 and fp32), and
-# 2,000 real tokens decoded that set as fast as 4,000 in 80 MB less (2-core AVX2 EPYC; 1,000
-# took 1.5x the time; docs/experiments/decoding.md)
+# held before the room counted the padding, and 2,000 real tokens decoded Multi30k's test set as
+# fast as 4,000 in less memory, where 1,000 took half as long again (measured per machine in
+# docs/experiments/decoding.md).
 ROOM_TOKENS = 3000
 # The largest beam a search takes, checked once in `search.SearchSettings`: aiayn/config.py says
 # why it is 64 (a config's beam_size has the same bound).

@@ -175,7 +175,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     `TOPK_BLOCK` columns; the k largest values lie in the k blocks with the largest maxima (a
     value outside them is beaten by the maximum of each of those k blocks), so one maximum per
     block, a top-k of those, and a top-k of the k blocks' columns find them: 2.2x faster on
-    (1,200, 8,000) float32 on a 2-core Xeon (docs/experiments/decoding.md). The same values as
+    (1,200, 8,000) float32 (docs/experiments/decoding.md). The same values as
     `topk`; among exactly equal values the columns may differ, as `topk` leaves their order
     unspecified too. Small rows go straight to `topk`."""
     n, v = x.shape

@@ -13,12 +13,10 @@
   within the quantization error (tests/test_decoding_int8.py states the tolerance).
 - auto (the default of every command and of `Translator`): `aiayn.precision.auto_precision`:
   bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), faster than fp32 in the peer
-  harness and end to end on both such kinds measured (Xeon with AMX, EPYC Zen 4; int8 is faster
-  still on the Zen 4, whose VNNI it uses); else fp32. On the AVX2 EPYC
-  int8 was 1.2-1.4x fp32 in the harness (batches of 50 sentences) but not faster translating
-  the Multi30k test set end to end (its default batches of ~1,200 beams, where fp32 products
-  run near the machine's peak), so auto never picks it (docs/guides/decoding.md, "--precision
-  auto", has the measurements).
+  harness and end to end on every such kind measured; else fp32. int8 is never auto's choice:
+  not the paper's arithmetic, and on an AVX2-only CPU faster than fp32 in the harness's small
+  batches but not end to end, where the default room's ~1,200 beams run fp32's products near
+  the machine's peak (docs/guides/decoding.md, "--precision auto", has the measurements).
 
 Conversion is in place: a model converted once (to bf16 or int8) serves every `Translator` built
 on it afterwards, and cannot go back to fp32 (load it again).

@@ -49,11 +49,10 @@ def in_passing_thread(fn: Callable[[], T]) -> T:
     Why: torch's CPU threads are OpenMP's (GNU libgomp in the CPU wheels), which keeps a pool of
     workers for each thread that has run parallel work, for as long as that thread lives. Once
     the pools' threads outnumber the cores, libgomp stops letting idle workers spin, and every
-    parallel region pays for waking one: a LayerNorm over (16, 1, 128) on a worker thread took
-    9.3 us when its pool was the only one and 121.5 us when the main thread had run parallel
-    work first (2 torch threads, 2-core AVX2 EPYC; docs/experiments/decoding.md); `aiayn serve`
-    with 2 threads decoded at half its 1-thread speed that way. The pool of a thread that has
-    ended goes with it (10.6 us).
+    parallel region pays for waking one: a small LayerNorm on a worker thread took over ten times
+    as long once the main thread had run parallel work too, and `aiayn serve` with 2 threads
+    decoded at half its 1-thread speed that way (docs/experiments/decoding.md). The pool of a
+    thread that has ended goes with it.
     """
     out: dict[str, Any] = {}
 

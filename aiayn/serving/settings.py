@@ -10,10 +10,9 @@ from aiayn.decoding import MAX_BEAM_SIZE, ROOM_TOKENS
 def decoding_threads(cores: int) -> int:
     """torch's threads in `aiayn serve` when `--threads` is not given: one core fewer than torch
     would take, at least one, so that the event loop (HTTP, JSON, tokenizing) keeps a core. On 2
-    cores (AVX2 EPYC, Multi30k's anchor-size model) one thread and two are within about 10% of
-    each other either way: 32 clients 34.6-34.9 sentences/s with one, 36.5-40.4 with two; one
-    client 4.1-4.3 with one, 3.5-3.8 with two (docs/experiments/decoding.md), the model loaded
-    off the main thread (`aiayn.serving.batcher.in_passing_thread`)."""
+    cores one thread and two were within about 10% of each other either way, many clients or one
+    (docs/experiments/decoding.md), with the model loaded off the main thread
+    (`aiayn.serving.batcher.in_passing_thread`)."""
     return max(1, cores - 1)
 
 

@@ -80,9 +80,8 @@ def compile_for_training(model: nn.Module) -> nn.Module:
     """`aiayn train --compile`: torch.compile each encoder and decoder layer in place
     (`compile_layers`) where the model has them, else the whole model. The layers of a stack share
     one class and so one compiled graph: the compiler traces one encoder and one decoder layer
-    instead of the whole unrolled model (`benchmarks/train_systems.py --config tiny --compile`,
-    three layers each, on a 2-core AVX2 EPYC: 134 s to the first timed step compiled whole, 77 s
-    by layer with an empty compiler cache; docs/experiments/wmt.md). dynamic: batches change
+    instead of the whole unrolled model, and reaches its first step sooner
+    (`benchmarks/train_systems.py --config tiny --compile`; docs/experiments/wmt.md). dynamic: batches change
     shape every step, so one graph with symbolic (B, T) instead of a recompile per shape. In
     place, so parameter names and checkpoints are unchanged; evaluation runs the same compiled
     layers. Returns the module the update should call."""
