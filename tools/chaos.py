@@ -4,7 +4,10 @@ For each command (train; train-chart, `aiayn train` of the chart parser on a tre
 prepare, average, translate) one uninterrupted reference run, then N
 trials on tiny fixtures. A trial starts the command in a fresh process and kills it (SIGKILL),
 alternately at a uniformly random moment of the reference run's duration and just as the command
-starts writing its output (the moment a temporary appears), then checks:
+starts writing its output (the moment a temporary appears). A kill that comes after the command
+has finished tests nothing: that command must have left the complete output and nothing else, and
+the trial starts it again with an earlier kill (an earlier write, or a random moment before the
+finish it saw), up to ATTEMPTS times. Then it checks:
 
 1. right after the kill, nothing is lost or torn: the output is absent (a fresh output), the
    previous one (half of the trials replace an existing output), or the complete new one; every
@@ -14,7 +17,8 @@ starts writing its output (the moment a temporary appears), then checks:
    vocabulary and manifest; average: identical model files; translate: identical text);
 3. no temporary and no lock file is left behind.
 
-Prints a tally per command and exits 1 if any trial failed. The documented run
+Prints a tally per command (kills, those that hit a live process, those that came after the
+finish) and exits 1 if any trial failed. The documented run
 (docs/experiments/chaos.md):
 
     .venv/bin/python tools/chaos.py --trials 50
@@ -49,6 +53,7 @@ from provenance import commit, cpu_names  # noqa: E402
 
 COMMANDS = ("train", "train-chart", "prepare", "average", "translate")
 TRAINS = ("train", "train-chart")  # the training runs: killed, resumed, compared step by step
+ATTEMPTS = 4  # starts of a trial's command, each killed earlier than the last, until one is live
 
 
 @dataclass
@@ -68,9 +73,43 @@ class Sizes:
 class Tally:
     trials: int = 0
     ok: int = 0
+    kills: int = 0  # kills sent or due, retries included
+    live: int = 0  # kills that hit a live process
     killed_while_writing: int = 0  # a temporary of the output existed at the kill
-    finished_before_kill: int = 0
+    finished_before_kill: int = 0  # kills due after the command had finished (then retried)
     failures: list[str] = field(default_factory=list)
+
+    def count(self, result: "KillResult") -> None:
+        self.kills += 1
+        self.live += not result.finished
+        self.finished_before_kill += result.finished
+        self.killed_while_writing += result.writing
+
+
+@dataclass
+class Kill:
+    """When to kill: `delay` seconds after the start, or, with `at_write` = k > 0, `extra` seconds
+    after the k-th temporary appears (`delay` is then only a deadline)."""
+
+    delay: float
+    at_write: int = 0
+    extra: float = 0.0
+
+
+@dataclass
+class KillResult:
+    finished: bool  # the command finished before its kill
+    writing: bool  # a temporary of the output existed at the kill
+    seen: int  # distinct temporaries seen (watched for at-write kills only)
+    elapsed: float  # seconds from the start to the kill, or to the finish
+
+
+def earlier(kill: Kill, result: KillResult, rng: random.Random) -> Kill:
+    """A kill before the moment the command finished in `result`: at the last write it was seen to
+    start, or, with none earlier than `kill`'s, at a random moment of the run it was seen to make."""
+    if kill.at_write > 1 and result.seen:
+        return Kill(kill.delay, min(kill.at_write - 1, result.seen))
+    return Kill(result.elapsed * rng.uniform(0.2, 0.8))
 
 
 def aiayn(*args: str) -> list[str]:
@@ -108,31 +147,45 @@ def leftovers(*dirs: Path) -> list[Path]:
                                  if p.name.endswith(".lock")]
 
 
-def kill_at(argv: list[str], rng: random.Random, at_write: int, duration: float,
-            watch: list[Path]) -> tuple[bool, bool]:
-    """Start `argv`; SIGKILL it at a random moment of `duration` seconds, or, with `at_write` = k >
-    0, as soon as the k-th temporary appears in the `watch` directories. (finished before the
-    kill, killed while a temporary existed)."""
+def first_kill(rng: random.Random, at_write: int, duration: float) -> Kill:
+    """A trial's kill: at a random moment of `duration` seconds, or, with `at_write` = k > 0, in
+    the first 20 ms of the k-th write (waiting for it at most 3 durations and 30 s)."""
+    if at_write:
+        return Kill(duration * 3 + 30, at_write, rng.uniform(0, 0.02))
+    return Kill(rng.uniform(0, duration))
+
+
+def kill_at(argv: list[str], kill: Kill, watch: list[Path]) -> KillResult:
+    """Start `argv` and SIGKILL it as `kill` says, watching the `watch` directories for
+    temporaries."""
+    t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + (duration * 3 + 30 if at_write else rng.uniform(0, duration))
-    extra = rng.uniform(0, 0.02)  # at a write: somewhere in its first 20 ms
+    deadline = t0 + kill.delay
     seen: set[str] = set()
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if at_write:
+            if kill.at_write:
                 seen.update(p.name for p in temporaries(*watch))
-                if len(seen) >= at_write:
-                    time.sleep(extra)
+                if len(seen) >= kill.at_write:
+                    time.sleep(kill.extra)
                     break
             time.sleep(0.001)
         finished = proc.poll() is not None
+        elapsed = time.monotonic() - t0
         writing = bool(temporaries(*watch))
         if not finished:
             os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-    return finished, writing
+    return KillResult(finished, writing and not finished, len(seen), elapsed)
+
+
+def delete(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 def digest(path: Path) -> str | None:
@@ -295,12 +348,22 @@ def file_trial(sc: Scenario, trial_dir: Path, rng: random.Random, at_write: bool
     output that half the trials replace is made once."""
     out = trial_dir / sc.out_name
     old = None
-    if replace:
-        sc.put_old(out, cache)
-        old = digest(out)
-    finished, writing = kill_at(sc.argv(out, replace), rng, int(at_write), duration, [trial_dir])
-    tally.finished_before_kill += finished
-    tally.killed_while_writing += writing
+    kill = first_kill(rng, int(at_write), duration)
+    for _ in range(ATTEMPTS):
+        if replace:
+            sc.put_old(out, cache)
+            old = digest(out)
+        result = kill_at(sc.argv(out, replace), kill, [trial_dir])
+        tally.count(result)
+        if not result.finished:
+            break
+        # finished before its kill: whole and clean, then again with an earlier kill
+        if digest(out) != reference:
+            return "WRONG: a run that finished before its kill left another output"
+        if left := leftovers(trial_dir):
+            return f"LEFTOVER after a run that finished: {', '.join(p.name for p in left)}"
+        delete(out)
+        kill = earlier(kill, result, rng)
     now = digest(out)
     if now is None and replace:
         return "LOST: the previous output is gone after the kill"
@@ -331,9 +394,18 @@ def train_trial(fx: Fixtures, kind: str, trial_dir: Path, rng: random.Random, at
     argv = aiayn("train", *fx.train_args(kind), "--keep", "3", "--out", str(run_dir))
     # at a write: the k-th of the run's writes (run.json, checkpoints, best/, summary.json)
     nth = rng.randint(1, 2 + 2 * fx.sizes.train_steps // 3) if at_write else 0
-    finished, writing = kill_at(argv, rng, nth, seconds, [trial_dir, run_dir, run_dir / "checkpoints"])
-    tally.finished_before_kill += finished
-    tally.killed_while_writing += writing
+    kill = first_kill(rng, nth, seconds)
+    watch = [trial_dir, run_dir, run_dir / "checkpoints"]
+    for _ in range(ATTEMPTS):
+        result = kill_at(argv, kill, watch)
+        tally.count(result)
+        if not result.finished:
+            break
+        # finished before its kill: clean, then again from scratch with an earlier kill
+        if left := leftovers(*watch):
+            return f"LEFTOVER after a run that finished: {', '.join(p.name for p in left)}"
+        shutil.rmtree(run_dir)
+        kill = earlier(kill, result, rng)
     ref = dict(list_checkpoints(reference))
     for step, d in list_checkpoints(run_dir):
         if problem := model_check(d):
@@ -407,11 +479,13 @@ def chaos(commands: list[str], trials: int, seed: int = 0, quick: bool = False,
 
 
 def format_tallies(tallies: dict[str, Tally]) -> str:
-    lines = ["| command | trials | ok | killed while writing | finished before the kill | failures |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = ["| command | trials | ok | kills | hit a live process | killed while writing | "
+             "finished before the kill | failures |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for c, t in tallies.items():
-        lines.append(f"| {c} | {t.trials} | {t.ok}/{t.trials} | {t.killed_while_writing} | "
-                     f"{t.finished_before_kill} | {'; '.join(t.failures) or 'none'} |")
+        lines.append(f"| {c} | {t.trials} | {t.ok}/{t.trials} | {t.kills} | {t.live} | "
+                     f"{t.killed_while_writing} | {t.finished_before_kill} | "
+                     f"{'; '.join(t.failures) or 'none'} |")
     return "\n".join(lines)
 
 
