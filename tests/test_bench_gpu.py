@@ -9,9 +9,12 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, free_port, pair
 
 
+@pytest.mark.slow
 def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
     data = tmp_path / "m30k"
     data.mkdir()

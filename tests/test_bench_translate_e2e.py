@@ -71,6 +71,7 @@ def test_ct2_calls_cap_outputs_as_aiayn_does(model_dir, tmp_path):
             assert c["limit"] == max(own[n] for n in c["lengths"])  # the longest's, nobody cut short
 
 
+@pytest.mark.slow
 def test_output_cap_reads_the_models_config(model_dir, tmp_path):
     """End to end: aiayn fp32 and CTranslate2 int8 on the micro model, the CTranslate2 row capped
     at the model's config.json's max_len_a and max_len_b."""

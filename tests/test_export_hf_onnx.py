@@ -142,8 +142,8 @@ def test_the_export_loads_and_computes_aiayns_logits(exported):
     assert ours[real].argmax(-1).tolist() == theirs[real].argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("exported", ["post", pytest.param("pre", marks=pytest.mark.slow)],
-                         indirect=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("exported", ["post", "pre"], indirect=True)
 def test_greedy_search_is_aiayns_token_for_token_and_text_for_text(exported, tmp_path):
     trained, hf, out_dir = exported
     loaded = load_model(trained)
@@ -207,6 +207,7 @@ def test_beam_search_by_log_probability_is_aiayns_4_best(exported):
         assert [h.score for h in hyps] == pytest.approx(scores[4 * i: 4 * i + 4], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_what_marian_cannot_hold_is_refused_in_one_line(trained, tmp_path, capsys):
     from aiayn.export.huggingface import check_exportable
 

@@ -14,6 +14,7 @@ import pytest
 from aiayn.recipes.cmudict_data import load_cmudict, read_refs, split_words, write_g2p_corpus
 
 
+@pytest.mark.slow
 def test_lexicon_has_no_stress_and_keeps_alternatives():
     lex = load_cmudict()
     assert len(lex) > 100_000
@@ -34,6 +35,7 @@ def test_split_is_by_word_disjoint_and_seeded():
     assert split_words(words, seed=4, n_valid=50, n_test=100).test != a.test
 
 
+@pytest.mark.slow
 def test_corpus_keeps_a_words_pronunciations_together(tmp_path):
     write_g2p_corpus(tmp_path, n_valid=200, n_test=300)
     train = set((tmp_path / "train.src").read_text().splitlines())
@@ -44,6 +46,7 @@ def test_corpus_keeps_a_words_pronunciations_together(tmp_path):
     assert all(refs[i] == lex[w] for i, w in enumerate(test))
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_its_model_translates(tmp_path, monkeypatch, capsys):
     from aiayn.cli import main
     from aiayn.training import trainer as trainer_module
@@ -107,6 +110,7 @@ def _options_reaching_training(tmp_path, monkeypatch, runs: dict[str, dict]) -> 
     return seen
 
 
+@pytest.mark.slow
 def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
     """`aiayn demo --keep K` reaches the trainer (a learning curve needs every checkpoint); by
     default the trainer keeps n_average."""
@@ -114,6 +118,7 @@ def test_demo_keeps_the_checkpoints_it_is_asked_to(tmp_path, monkeypatch):
     assert [o.keep for o in seen] == [30, None]
 
 
+@pytest.mark.slow
 def test_demo_seed_changes_training_not_the_words_it_is_scored_on(tmp_path, monkeypatch):
     """`aiayn demo --seed N` reaches the trainer, while the valid and test words stay those of
     every other seed: runs of two seeds are compared on the same words."""

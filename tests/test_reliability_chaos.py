@@ -10,9 +10,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 
 
+@pytest.mark.slow
 def test_two_kills_per_command_lose_nothing(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "tools" / "chaos.py"), "--trials", "2",
                            "--seed", "1", "--quick", "--workdir", str(tmp_path)],

@@ -21,6 +21,7 @@ pytestmark = [needs_int8, pytest.mark.skipif(not onednn_int8_supported(),
                                              reason="needs oneDNN's int8 matmul")]
 
 
+@pytest.mark.slow
 def test_products_kernels_and_search_split(model_dir, tmp_path):
     lines = list(TEXTS[:6])
     src = tmp_path / "src.txt"
