@@ -57,7 +57,7 @@ class SearchSettings:
         k = self.beam_size
         if k < 1:
             raise ValueError(f"beam size must be >= 1, got {k}")
-        if k > MAX_BEAM_SIZE:  # why this bound: aiayn/decoding/__init__.py
+        if k > MAX_BEAM_SIZE:  # why this bound: aiayn/config.py, MAX_BEAM
             raise ValueError(f"beam size {k} is above the limit of {MAX_BEAM_SIZE} (a search's "
                              f"time and memory grow with it)")
         if self.nbest < 1:

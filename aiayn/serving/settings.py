@@ -50,7 +50,7 @@ class ServeSettings:
                      "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_beam > MAX_BEAM_SIZE:  # what any search takes (aiayn/decoding/__init__.py)
+        if self.max_beam > MAX_BEAM_SIZE:  # what any search takes (aiayn/config.py, MAX_BEAM)
             raise ValueError(f"max_beam must be at most {MAX_BEAM_SIZE}, got {self.max_beam}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
