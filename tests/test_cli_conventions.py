@@ -333,7 +333,7 @@ def test_study_refuses_a_directory_that_holds_no_study(tmp_path):
 # The options of a command that fill no field of its name, and the fields no option sets.
 DERIVED = {
     "train": (TrainOptions, train_command.train_options, ["--data", "d", "--out", "r"],
-              {"fit_saves_to_budget", "tensorboard", "progress"}),
+              {"fit_saves_to_budget", "set_fields", "tensorboard", "progress"}),
     "prepare": (PrepareOptions, prepare_command.prepare_options,
                 ["--src-lang", "de", "--tgt-lang", "en", "--train", "x", "--out", "y"],
                 {"byte_fallback", "character_coverage"}),

@@ -99,9 +99,11 @@ def test_init_from_starts_from_the_models_weights_with_a_fresh_schedule(base, sh
     got = trainer.model.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     assert trainer.step == 0 and not trainer.optimizer.state  # a fresh optimizer and schedule
-    # no preset given: the model's own config (--max-steps applied)
+    # no preset given: the model's own config (--max-steps applied), with the fine-tuning
+    # defaults' schedule (tests/test_finetune_defaults.py)
     saved = Config.from_dict(json.loads((model / "config.json").read_text()))
-    assert trainer.cfg == replace(saved, max_steps=5) and saved.max_tokens == 600
+    assert set(trainer.finetune) == {"warmup_steps", "lr_scale"}
+    assert trainer.cfg == replace(saved, max_steps=5, **trainer.finetune) and saved.max_tokens == 600
 
 
 @pytest.mark.slow

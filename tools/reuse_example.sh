@@ -4,9 +4,12 @@
 #
 #   MODEL=runs/m30k/t60/model DATA=../shared/data/multi30k OUT=runs/reuse bash tools/reuse_example.sh
 #
-# 1. fine-tune: EN->FR data encoded with the EN->DE model's vocabulary (`prepare --vocab-from`),
-#    MINUTES of `train --init-from MODEL` against MINUTES from scratch (the model's own config, the
-#    same vocabulary, the same short schedule: only the first weights differ), each averaged over its last 3 checkpoints and scored on test_2016_flickr;
+# 1. fine-tune: the guide's five commands (prepare --vocab-from, train --init-from with its
+#    fine-tuning defaults, average, translate, evaluate; evaluate here with --json, to read its
+#    figures): EN->FR data encoded with the EN->DE model's vocabulary, MINUTES of fine-tuning
+#    against MINUTES from scratch (the model's own config and vocabulary, and the schedule the
+#    fine-tuning run chose, read from its run.json: only the first weights differ), each averaged
+#    over its last n_average checkpoints and scored on test_2016_flickr;
 # 2. score: every test reference against its own source, and against another sentence's source
 #    (the references shifted by one line): how often the model prefers the true pair;
 # 3. export: greedy decoding of the test set by aiayn, the ONNX export on onnxruntime and the
@@ -15,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL:?MODEL=an EN->DE model directory}" "${DATA:?DATA=a Multi30k directory}" "${OUT:?OUT=a work directory}"
-MINUTES=${MINUTES:-6}
+MINUTES=${MINUTES:-5}
 A=.venv/bin/aiayn
 mkdir -p "$OUT"
 set -x
@@ -24,12 +27,18 @@ $A prepare --src-lang en --tgt-lang fr --train "$DATA/train" --valid "$DATA/val"
 for how in init scratch; do
   run=$OUT/fr-$how
   if [ ! -e "$run/model" ]; then
-    if [ "$how" = init ]; then start=(--init-from "$MODEL"); else start=(--config "$MODEL/config.json"); fi
-    $A train --data "$OUT/fr-data" --out "$run/run" "${start[@]}" --set warmup_steps=200 lr_scale=0.5 \
-        --time-budget "$MINUTES" --save-minutes 1 --eval-every 0 --no-progress
-    $A average --run "$run/run" --last 3 --out "$run/model"
+    if [ "$how" = init ]; then
+      $A train --data "$OUT/fr-data" --out "$run/run" --init-from "$MODEL" --time-budget "$MINUTES"
+    else  # the fine-tuning run's schedule, as --set NAME=VALUE
+      schedule=$(.venv/bin/python -c 'import json, sys
+print(" ".join(f"{k}={v}" for k, v in json.load(open(sys.argv[1]))["finetune"].items()))' "$OUT/fr-init/run/run.json")
+      # shellcheck disable=SC2086
+      $A train --data "$OUT/fr-data" --out "$run/run" --config "$MODEL/config.json" --set $schedule \
+          --time-budget "$MINUTES"
+    fi
+    $A average --run "$run/run" --out "$run/model"
   fi
-  $A translate --model "$run/model" --input "$OUT/fr-data/test.src.txt" --output "$run/test.hyp" --overwrite
+  [ -e "$run/test.hyp" ] || $A translate --model "$run/model" --input "$OUT/fr-data/test.src.txt" --output "$run/test.hyp"
   $A evaluate --hyp "$run/test.hyp" --ref "$OUT/fr-data/test.tgt.txt" --lang fr --json > "$run/test.scores.json"
 done
 src=$OUT/fr-data/test.src.txt  # the English side of test_2016_flickr

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from aiayn.checks import read_json
 from aiayn.commands.args import options_from_args
 from aiayn.commands.common import (
     add_device_argument,
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "aiayn train --data data/m30k --out runs/m30k --resume          # continue after a crash",
         "aiayn train --data corpus --out runs/chart --preset parsing-chart-small --time-budget 30",
         "aiayn train --data data/wmt --out runs/base --preset base --max-steps 100000",
-        "aiayn train --data data/news --out runs/news --init-from runs/m30k/model --set warmup_steps=200",
+        "aiayn train --data data/news --out runs/news --init-from runs/m30k/model --time-budget 10",
         about=__doc__.split("\n\n", 1)[1])
     p.add_argument("--data", required=True, metavar="DATA_DIR",
                    help="a dataset made by aiayn prepare, or (for the chart parser) a treebank "
@@ -46,8 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from this model's weights (fine-tuning): same architecture and "
                         "vocabulary (prepare the data with --vocab-from MODEL_DIR), a fresh "
                         "optimizer and learning-rate schedule; the config is the model's unless "
-                        "--preset or --config is given, --set changes it (e.g. warmup_steps=200 "
-                        "lr_scale=0.5)")
+                        "--preset or --config is given. Fine-tuning defaults, each unless given: "
+                        "warmup_steps at most 200 (and a tenth of --max-steps), lr_scale such that "
+                        "the peak rate is half the model's own, with --max-steps a checkpoint "
+                        "every max-steps / (n_average + 1) updates; --set warmup_steps=N "
+                        "lr_scale=X, --save-every or --save-minutes override them")
     g = p.add_argument_group("how long")
     g.add_argument("--max-steps", type=int, metavar="N", help="updates to train (sets max_steps)")
     g.add_argument("--max-epochs", type=int, metavar="N", help="passes over the training data")
@@ -76,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "-1: all; default 200); the chart parser parses every dev sentence for "
                         "its bracket F1")
     g.add_argument("--dev-split", help="dataset split to evaluate on (default: valid)")
-    g.add_argument("--save-every", type=int, metavar="M", help="checkpoint every M updates")
+    g.add_argument("--save-every", type=int, metavar="M",
+                   help="checkpoint every M updates (with --init-from and --max-steps N, and no "
+                        "--save-minutes: default N / (n_average + 1))")
     g.add_argument("--save-minutes", type=float, metavar="T",
                    help="checkpoint every T minutes (default 10, as the paper; with a time budget "
                         "shorter than n_average + 1 such intervals, the budget / (n_average + 1))")
@@ -94,9 +100,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def train_options(args: argparse.Namespace) -> TrainOptions:
     """`TrainOptions` from the parsed arguments: each field from the option of its name (one not
-    given: the field's default), these three derived from options of other names."""
+    given: the field's default), these four derived from options of other names."""
     return options_from_args(TrainOptions, args, fit_saves_to_budget=args.save_minutes is None,
-                             tensorboard=not args.no_tensorboard, progress=not args.no_progress)
+                             set_fields=given_fields(args), tensorboard=not args.no_tensorboard,
+                             progress=not args.no_progress)
+
+
+def given_fields(args: argparse.Namespace) -> tuple[str, ...]:
+    """The config fields the user gave: the names in --set NAME=VALUE and the keys of --config's
+    JSON object (a file that is not one is refused later, by `load_config`, in one line)."""
+    names = [item.split("=", 1)[0].strip() for item in args.set if "=" in item]
+    if args.config:
+        data = read_json(args.config)
+        if isinstance(data, dict):
+            names += [k for k in data if k != "task"]
+    return tuple(sorted(set(names)))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ META_SCHEMA = {
     "?step": int, "?epoch": float, "?src_lang": (str, None), "?tgt_lang": (str, None),
     "?dataset": str, "?dataset_fingerprint": (str, None), "?dev": (dict, None),
     "?bleu_signature": (str, None), "?averaged_from": [str], "?vocabulary": str,
-    "?init_from": str,
+    "?init_from": str, "?pieces_per_char": {str: float},
 }
 
 

@@ -79,6 +79,7 @@ from aiayn.data.shards import (
     write_shard,
 )
 from aiayn.data.tokenizer import Tokenizer, train_tokenizers
+from aiayn.data.vocab_fit import check_fit
 from aiayn.errors import OutputError, UserError
 from aiayn.files import atomic_write, publish_dir, writing
 from aiayn.locks import exclusive_lock
@@ -287,6 +288,12 @@ def _start(work: Path, source: ParallelSource, options: PrepareOptions, sources:
         work.mkdir(parents=True)
     vocab = (_copy_vocab(work, Path(options.vocab_from), say) if options.vocab_from
              else _learn_vocab(work, src, tgt, options, n, say))
+    if options.vocab_from:  # a vocabulary that splits the new data far finer is said in one line
+        toks = {side: Tokenizer.load(work / v["file"]) for side, v in vocab.items()}
+        warning = check_fit(options.vocab_from, toks, (src, tgt),
+                            {"src": options.src_lang, "tgt": options.tgt_lang})
+        if warning:
+            say(warning)
     state = {"fingerprint": _fingerprint(options, sources, n), "train_pairs": n,
              "shard_pairs": shard_pairs, "vocab": vocab, "shards": []}
     save_progress(work, state)

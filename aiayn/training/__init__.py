@@ -8,6 +8,7 @@
                 skipping non-finite updates;
 - `checkpoint`  model directories plus trainer state, written atomically, resumable bit for bit;
 - `average`     checkpoint averaging (§6.1);
+- `finetune`    what a run from a model's weights (`--init-from`) changes in its recipe;
 - `evaluate`    dev loss, perplexity and greedy-decoding BLEU;
 - `stream`      the sampler's batches as one endless stream of tensors on the device;
 - `logs`        metrics.jsonl, TensorBoard, the final summary;

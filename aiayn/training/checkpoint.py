@@ -315,7 +315,8 @@ STATE_SCHEMA = {
     "ranks": [{"rng": _RNG_SCHEMA}],
     "progress": {"dev": [dict], "best": (dict, None), "tgt_tokens": int, "src_tokens": int,
                  "train_seconds": float, "wall_seconds": float, "skipped": int},
-    "run": {"seed": int, "world_size": int, "batch_tokens": int, "accum": int},
+    "run": {"seed": int, "world_size": int, "batch_tokens": int, "accum": int,
+            "?finetune": {str: (int, float)}},  # the fine-tuning defaults a run started with
 }
 
 

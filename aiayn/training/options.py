@@ -1,8 +1,8 @@
 """`TrainOptions`: everything about a training run that is not the model and recipe (`Config`):
 how long, how often to evaluate and save, resuming, precision, devices, logging. `aiayn train`
 fills each field from its option of the same name (`train_options` in aiayn/commands/train.py; an
-option not given leaves the default here), and derives `fit_saves_to_budget`, `tensorboard` and
-`progress` from others: a new field needs an option of its name, or a line there."""
+option not given leaves the default here), and derives `fit_saves_to_budget`, `set_fields`,
+`tensorboard` and `progress` from others: a new field needs an option of its name, or a line there."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ class TrainOptions:
     # schedule (Eq. 3's warmup again; warmup_steps and lr_scale as the config says). Fine-tuning,
     # domain adaptation. A resumed run continues from its own checkpoint instead.
     init_from: str | None = None
+    # Config fields the user gave (`--set`, `--config`'s keys): the fine-tuning defaults of
+    # --init-from (aiayn/training/finetune.py) never replace them, on a new run or a resumed one.
+    set_fields: tuple[str, ...] = ()
     overwrite: bool = False
     precision: str = "auto"
     # torch.compile each encoder and decoder layer (`step.compile_for_training`: inductor fuses

@@ -15,6 +15,7 @@ from aiayn.config import Config
 from aiayn.data.batching import TokenBatchSampler, collate
 from aiayn.data.dataset import load_dataset_dir
 from aiayn.data.model_dir import fill_model_dir, read_config, tokenizer_files, vocabulary_sha256
+from aiayn.data.vocab_fit import held_pieces_per_char
 from aiayn.errors import UserError
 from aiayn.model.build import build_model
 from aiayn.model.counting import count_parameters, flops_per_target_token
@@ -35,6 +36,8 @@ class Seq2SeqTask:
         name = dev_split if dev_split is not None else (
             "valid" if "valid" in splits else (splits[0] if splits else None))
         self.dev_set = None if name is None else self.data.split(name)
+        # what `prepare --vocab-from` compares new data with (aiayn/data/vocab_fit.py)
+        self.pieces_per_char = held_pieces_per_char(self.directory, self.data.manifest)
 
     def config(self, cfg: Any) -> Config:
         if not isinstance(cfg, Config):
@@ -91,7 +94,8 @@ class Seq2SeqTask:
         m = self.data.manifest
         return {"src_lang": m.get("src_lang"), "tgt_lang": m.get("tgt_lang"),
                 "dataset": str(self.data.directory), "dataset_fingerprint": m.get("fingerprint"),
-                "vocabulary": self.vocabulary}
+                "vocabulary": self.vocabulary,
+                **({"pieces_per_char": self.pieces_per_char} if self.pieces_per_char else {})}
 
     def flops_per_target_token(self, cfg: Config) -> float:
         split = self.data.manifest["splits"]["train"]

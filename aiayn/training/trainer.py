@@ -42,6 +42,7 @@ from aiayn.memory import allocator_in_use
 from aiayn.progress import Progress
 from aiayn.training import checkpoint as ckpt
 from aiayn.training import distributed as dist_
+from aiayn.training import finetune
 from aiayn.training.logs import LogWindow, RunLog, RunProgress, build_summary, format_summary, rss_gb
 from aiayn.training.options import TrainOptions
 from aiayn.training.precision import Precision
@@ -86,8 +87,11 @@ class Trainer:
         # the model a run started from (--init-from), recorded in every checkpoint's meta.json
         self.started_from: str | None = (str(self.init_from) if self.init_from is not None
                                          else (state["run"].get("init_from") if state else None))
-        self.cfg, self.config_changes = self._config(cfg)
         saved_run = state["run"] if state else {}
+        # the config fields the fine-tuning defaults set (aiayn/training/finetune.py), kept on resume
+        self.finetune: dict[str, Any] = {}
+        self.model_cfg: Any | None = None  # --init-from's model's config, on a new run
+        self.cfg, self.config_changes = self._config(cfg, saved_run)
         self.seed: int = options.seed if options.seed is not None else saved_run.get("seed", 1)
         if state is not None:
             self._check_same_run(saved_run)
@@ -121,6 +125,9 @@ class Trainer:
         self.updater = Updater(self.step_model, self.optimizer, self.cfg, self.precision, env,
                                partial(task.loss, cfg=self.cfg, autocast=self.precision.autocast))
 
+        self.save_every = options.save_every
+        if self.started_from is not None:  # fine-tuning, new or resumed: enough checkpoints to average
+            self.save_every = finetune.save_every(options, self.cfg.n_average) or options.save_every
         self.save_minutes = options.save_minutes
         budget, n = options.time_budget, self.cfg.n_average
         if (options.fit_saves_to_budget and budget is not None and self.save_minutes is not None
@@ -140,10 +147,12 @@ class Trainer:
 
     # --- set-up ------------------------------------------------------------------------------
 
-    def _config(self, cfg: Any | None) -> tuple[Any, list[str]]:
-        """The run's config: the caller's (what the data decides filled in, --max-steps applied),
+    def _config(self, cfg: Any | None, saved_run: dict[str, Any]) -> tuple[Any, list[str]]:
+        """The run's config: the caller's (what the data decides filled in, --max-steps applied,
+        on --init-from the fine-tuning defaults over the fields the user did not give),
         reconciled with the checkpoint's on resume."""
         max_steps = self.options.max_steps
+        given = set(self.options.set_fields)
         start = (self.task.read_config(self.init_from)  # --init-from's model, read once
                  if self.init_from is not None and self.resume_from is None else None)
         if cfg is None and start is not None:
@@ -158,8 +167,15 @@ class Trainer:
                     raise UserError(f"--init-from {self.init_from}: the run's architecture differs "
                                     f"from the model's ({changes[0]}); leave the preset out to "
                                     f"take the model's config")
+                self.model_cfg = start
+                self.finetune = finetune.recipe_defaults(start, wanted, given, max_steps)
+                wanted = replace(wanted, **self.finetune)
             return (replace(wanted, max_steps=max_steps) if max_steps else wanted), []
         saved = self.task.read_config(self.resume_from)
+        # a fine-tuning run keeps the values its defaults set (as saved), unless given again now
+        self.finetune = {k: v for k, v in saved_run.get("finetune", {}).items() if hasattr(saved, k)}
+        if wanted is not None and self.finetune:
+            wanted = replace(wanted, **{k: getattr(saved, k) for k in self.finetune if k not in given})
         if max_steps is not None:
             wanted = replace(wanted or saved, max_steps=max_steps)
         return ckpt.reconcile(saved, wanted, self.resume_from)
@@ -228,6 +244,9 @@ class Trainer:
         elif self.init_from is not None:
             self.log.say(f"starting from the weights of {self.init_from}, with a fresh optimizer "
                          f"and learning-rate schedule")
+            every = self.save_every if self.save_every != o.save_every else None
+            if self.finetune or every is not None:
+                self.log.say(finetune.describe(self.finetune, self.model_cfg, cfg, every))
         elif o.resume:  # e.g. the run was killed before its first checkpoint: say so, then start
             self.log.say(f"warning: --resume: {self.run_dir} holds no checkpoint yet; starting a "
                          f"new run at step 0")
@@ -243,7 +262,7 @@ class Trainer:
                          f"(averaging takes the last {cfg.n_average})")
         if env.is_main:
             run = {"config": cfg.to_dict(), "task": cfg.TASK, "options": asdict(o),
-                   "data": str(task.directory),
+                   "data": str(task.directory), "finetune": self.finetune,
                    "seed": self.seed, "world_size": env.world_size, "batch_tokens": self.batch_tokens,
                    "accum": self.accum, "torch": torch.__version__, "allocator": allocator_in_use()}
             with atomic_write(self.run_dir / "run.json") as f:
@@ -310,7 +329,7 @@ class Trainer:
                 done = self.max_steps is not None and self.step >= self.max_steps
                 if o.eval_every and self.step % o.eval_every == 0 and not done:
                     self._evaluate()
-                if (save_due or (o.save_every and self.step % o.save_every == 0)) and not done:
+                if (save_due or (self.save_every and self.step % self.save_every == 0)) and not done:
                     self._save()
                     last_save_time = _clock()
         finally:
@@ -466,7 +485,7 @@ class Trainer:
             sampler=self.sampler.state_dict(), ranks=rng, progress=asdict(self.progress),
             run={"seed": self.seed, "world_size": self.env.world_size,
                  "batch_tokens": self.batch_tokens, "accum": self.accum,
-                 "init_from": self.started_from})
+                 "init_from": self.started_from, "finetune": self.finetune})
         keep = self.options.keep or max(self.cfg.n_average, 1)
         meta = self._meta({"dev": self.progress.dev[-1] if self.progress.dev else None})
         try:
