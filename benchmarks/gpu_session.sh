@@ -1,23 +1,29 @@
 #!/bin/bash
 # Everything one short GPU loan measures, in one run that ends by itself within BUDGET seconds
 # (default 540), most telling first, so that whatever the time allows comes back:
-#   1. benchmarks/train_gpu.sh's eager rows (the matmul peak; aiayn and torch.nn.Transformer, base
+#   1. benchmarks/gpu_micro.py, the microbenchmark that decides the step's redesign: attention
+#      masked against packed varlen and equal-length buckets, the loss against
+#      linear_cross_entropy's chunks, the step eager against CUDA graphs, base and big at
+#      WMT-like lengths (or MICRO_DATA, a dataset directory made by `aiayn prepare`), 37,000 ids,
+#      25,000-token updates, within MICRO_SECONDS (default 170);
+#   2. benchmarks/train_gpu.sh's eager rows (the matmul peak; aiayn and torch.nn.Transformer, base
 #      and big, 25,000-token updates, 37,000 ids), each row capped at 90 s; LEVERS=base adds
 #      aiayn's row with the eager loss (what the compiled loss buys);
-#   2. the compiled rows of base, aiayn's (`aiayn train --compile`) then torch.nn.Transformer's,
+#   3. the compiled rows of base, aiayn's (`aiayn train --compile`) then torch.nn.Transformer's,
 #      each layer compiled, each capped at COMPILE_SECONDS (default 150);
-#   3. benchmarks/gpu_e2e.sh: the WMT user's pipeline (torchrun train killed once and resumed,
+#   4. benchmarks/gpu_e2e.sh: the WMT user's pipeline (torchrun train killed once and resumed,
 #      average, translate, evaluate) on the Multi30k files carried in DATA, MINUTES of training;
-#   4. benchmarks/profile_step.py on the GPU: where aiayn's base step spends the GPU's time, and
+#   5. benchmarks/profile_step.py on the GPU: where aiayn's base step spends the GPU's time, and
 #      how busy the GPU is (host-bound or not), capped at PROFILE_SECONDS (default 45);
-#   5. aiayn's compiled row of big, in whatever time is left.
+#   6. aiayn's compiled row of big, in whatever time is left.
 # On one H100 (2026-11-27) the eager rows took 171 s (with the eager-loss row), aiayn's compiled
 # base row 104 s, the pipeline 131 s and the profile 33 s; compiled whole, neither model's row
 # finished compiling in 140-160 s (2026-11-26 and 27), hence the per-layer compile of both.
 # Wheels in .whl (carried) are installed first: the GPU machine's Python lacked sacremoses, which
 # `aiayn evaluate` needs (docs/experiments/wmt.md).
 # Results in $OUT: gpu.tgz (every log and JSON line, refreshed after each part, so a run cut short
-# still returns what it finished), train_gpu.md (the table of every row), e2e.txt, profile.txt.
+# still returns what it finished), micro.json and micro.md (gpu_micro.py's rows and table),
+# train_gpu.md (the table of every row), e2e.txt, profile.txt.
 #
 #     OUT=runs/gpu DATA=runs/gpu-carry/multi30k bash benchmarks/gpu_session.sh
 set -uo pipefail
@@ -38,6 +44,7 @@ snap() {
   cat "$W"/train_*/train_gpu.jsonl 2>/dev/null > "$W/rows.jsonl"
   $PY benchmarks/gpu_table.py "$W/rows.jsonl" "$PEAK" > "$OUT/train_gpu.md" 2>/dev/null
   cp "$W/profile.txt" "$OUT/" 2>/dev/null; cp "$W/e2e/e2e.txt" "$OUT/" 2>/dev/null
+  cp "$W/micro.json" "$W/micro.md" "$OUT/" 2>/dev/null
   tar czf "$OUT/gpu.tgz.part" -C "$W" --exclude=work . && mv "$OUT/gpu.tgz.part" "$OUT/gpu.tgz"
 }
 log() { echo "== $* ($(left) s left)" | tee -a "$W/session.log" >&2; }
@@ -56,6 +63,12 @@ compiled_rows() {
   done
 }
 
+MICRO=$(( $(left) - 30 < ${MICRO_SECONDS:-170} ? $(left) - 30 : ${MICRO_SECONDS:-170} ))
+log "the design microbenchmark, $MICRO s"
+timeout $((MICRO + 30)) $PY benchmarks/gpu_micro.py --config base big --device cuda --dtype bf16 \
+  --vocab 37000 --tokens 25000 --budget-s "$MICRO" --out "$W/micro.json" \
+  ${MICRO_DATA:+--data "$MICRO_DATA"} > "$W/micro.md" 2> "$W/micro.log"
+snap
 log "eager rows"
 COMPILE=0 ROW_SECONDS=90 LEVER_CONFIGS=${LEVERS-} OUT=$W/train_eager bash benchmarks/train_gpu.sh > "$W/train_eager.log" 2>&1
 snap
