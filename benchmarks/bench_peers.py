@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from aiayn.files import atomic_write  # noqa: E402
 
-from provenance import commit, cpu_name  # noqa: E402
+from provenance import commit, cpu_name, tree  # noqa: E402
 
 PEERS_PY = REPO / ".venv-peers" / "bin" / "python"
 SYSTEMS = ("aiayn", "torch", "marian", "fairseq", "opennmt", "ctranslate2")
@@ -386,7 +386,7 @@ def main() -> int:
            "machine": {"cpu": cpu_name(), "isa": cpu_isa(), "nproc": os.cpu_count()},
            "cpus": a.cpus, "threads": a.threads, "quick": a.quick,
            "python": os.path.relpath(py, REPO) if py.startswith(str(REPO)) else py,
-           "versions": versions(a.python),
+           "versions": versions(a.python), **dict(zip(("commit", "clean"), tree())),
            "command": shlex.join(["python", "benchmarks/bench_peers.py", *sys.argv[1:]]),
            "configs": a.configs, "peak": peak, "rows": ordered}
     text = render(res)

@@ -59,9 +59,11 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from bench_peers import NAMES, PEERS_PY, cpu_isa, cpu_model, versions, worker  # noqa: E402
+from bench_peers import NAMES, PEERS_PY, cpu_isa, versions, worker  # noqa: E402
 
 from aiayn.files import atomic_write  # noqa: E402
+
+from provenance import cpu_name, stamp, stamp_line  # noqa: E402
 
 PEERS = ("torch", "fairseq", "marian", "opennmt")  # the peers train_systems.py can train
 PRECISIONS = ("fp32", "bf16")
@@ -269,7 +271,10 @@ def checks(rows: list[dict]) -> list[str]:
 def render(res: dict) -> str:
     ok, lines = verdict(res["rows"])
     fp32_b16 = [_aiayn_ref(res["rows"], p) for p in PRECISIONS]
-    parts = [f"Dev figures on the {res['dev_split']} split ({res['dev_tokens']} target tokens) after "
+    m = res.get("machine", {})
+    parts = [stamp_line({"commit": res.get("commit"), "clean": res.get("clean"),
+                         "machine": f"{m.get('cpu')} ({m.get('isa')}), {m.get('nproc')} CPUs"}), "",
+             f"Dev figures on the {res['dev_split']} split ({res['dev_tokens']} target tokens) after "
              f"{res['steps']} steps of TINY, {MAX_TOKENS} tokens a side per step, Eq. 3 with warmup "
              f"{res['warmup']}, seed {res['seed']}; each row's own forward pass in eval mode, fp32. "
              f"train tok/s: over the whole run's updates, {res['threads']} thread(s) (a rough "
@@ -377,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(got)
     dev_tokens = next((r["dev"]["fp32"]["tokens"] for r in rows if not r.get("error")), 0)
     res = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "machine": {"cpu": cpu_model(), "isa": cpu_isa(), "nproc": os.cpu_count()},
+           "machine": {"cpu": cpu_name(), "isa": cpu_isa(), "nproc": os.cpu_count()},
+           **{k: v for k, v in stamp().items() if k != "machine"},
            "cpus": a.cpus, "threads": a.threads, "python": py, "versions": versions(a.python),
            "command": shlex.join(["python", "benchmarks/bench_quality.py", *sys.argv[1:]]),
            "data": str(a.data), "dataset_fingerprint": manifest.get("fingerprint"),

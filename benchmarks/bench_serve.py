@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
-from provenance import cpu_name  # noqa: E402
+from provenance import cpu_name, stamp  # noqa: E402
 
 
 def machine() -> str:
@@ -233,7 +233,7 @@ def main() -> int:
               f"| {lv['p99_s']:.3f} s | {lv['failed']} | {lv['mean_batch']} | {lv['differ_from_translate']} |")
     if gain is not None:
         print(f"\nbatching gain (32 clients / 1 client): {gain:.1f}x")
-    results = {"machine": machine(), "model": args.model, "per_client": args.per_client,
+    results = {**stamp(), "machine": machine(), "model": args.model, "per_client": args.per_client,
                "batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms,
                "threads": args.threads, "early_stop": args.early_stop, "precision": args.precision,
                "levels": levels, "batching_gain_32": gain}

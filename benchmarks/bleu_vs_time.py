@@ -296,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     cache = {label: recorded[label] if label in recorded else cache[label] for label in runs}
     labels = list(runs)
     comparison = summary(cache, labels[0], labels[-1], metric) if len(labels) > 1 else None
-    with atomic_write(out_json) as f:
-        json.dump({**cache, **({"comparison": comparison} if comparison else {})}, f, indent=1)
+    from provenance import stamp
+
+    with atomic_write(out_json) as f:  # stamp(): this checkout's commit, not the runs'
+        json.dump({**cache, **({"comparison": comparison} if comparison else {}), **stamp()}, f,
+                  indent=1)
     ylabel = ("validation word error rate, %" if metric == "wer" else "validation sacreBLEU") + \
         (" (greedy)" if args.beam is None else f" (beam {args.beam})")
     if args.from_metrics:

@@ -63,6 +63,8 @@ start=$SECONDS
     --device "$DEVICE" --precision "$PRECISION" || exit 1
 echo "translate ($(wc -l < "$W/data/test.src.txt") sentences, beam 4, $PRECISION, $DEVICE, start to end): $((SECONDS - start)) s" | tee -a "$OUT/e2e.txt"
 "${A[@]}" evaluate --hyp "$W/test.hyp" --ref "$W/data/test.tgt.txt" --lang de | tee -a "$OUT/e2e.txt"
+"$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); import provenance as p; print(p.stamp_line(p.stamp()))' \
+  | tee -a "$OUT/e2e.txt"  # the commit (clean or not) and the host CPU
 grep -h '"dev"' "$W/run/metrics.jsonl" | cut -c1-160 > "$OUT/dev.jsonl"
 cp "$W/run/metrics.jsonl" "$OUT/metrics.jsonl"
 cp "$W/run/summary.json" "$OUT/summary.json"

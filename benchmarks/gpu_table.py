@@ -1,6 +1,7 @@
 """The markdown table of a benchmarks/train_gpu.sh run, for docs/experiments/wmt.md: per model and
 system, target tokens/s, MFU against the GPU's measured bf16 matmul peak and its datasheet peak,
-peak memory, and each aiayn row's speed against torch.nn.Transformer's best row of that model.
+peak memory, and each aiayn row's speed against torch.nn.Transformer's best row of that model;
+the matmul row's commit, tree state and host CPU (benchmarks/provenance.py) on a line of its own.
 
     python3 benchmarks/gpu_table.py runs/gpu/train_gpu.jsonl 989.4 > runs/gpu/train_gpu.md
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 import json
 import sys
 
+from provenance import stamp_line
+
 
 def table(rows: list[dict], datasheet_tflops: float) -> str:
     peak = next((r for r in rows if r.get("system") == "matmul"), {})
     measured = peak.get("tflops")
     head = [f"GPU: {peak.get('gpu', '?')}; torch {peak.get('torch', '?')}; bf16 matmul peak "
-            f"{measured} TFLOP/s measured (8192^3), {datasheet_tflops} datasheet", "",
+            f"{measured} TFLOP/s measured (8192^3), {datasheet_tflops} datasheet",
+            stamp_line(peak), "",
             "| model | system | target tok/s | MFU (measured peak) | MFU (datasheet) | peak memory GB "
             "| against torch's best |", "|---|---|---|---|---|---|---|"]
     lines = []

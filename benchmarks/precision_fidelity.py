@@ -152,8 +152,12 @@ def main() -> int:
     if a.out is not None:
         from aiayn.files import atomic_write
 
+        from provenance import stamp, tree
+
         with atomic_write(a.out) as f:
-            json.dump({"model": a.model, "src": a.src, "ref": a.ref, "rows": rows}, f, indent=2)
+            json.dump({**stamp(), "model": a.model, "src": a.src, "ref": a.ref,
+                       "baseline_commit": tree(a.baseline.resolve())[0] if a.baseline else None,
+                       "rows": rows}, f, indent=2)
     return 0
 
 

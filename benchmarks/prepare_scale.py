@@ -270,7 +270,9 @@ def main() -> int:
         raise SystemExit("--root must be outside the repository")
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    results = {"machine": machine(), "sizes": {}}
+    from provenance import stamp
+
+    results = {**stamp(), "sizes": {}}
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         peer = peer_tree(args.peer_ref, Path(tmp) / "peer")
         peer_env = {**os.environ, "PYTHONPATH": str(peer)}
@@ -322,14 +324,10 @@ def main() -> int:
     return 0
 
 
-def machine() -> str:
-    from provenance import cpu_name
-
-    return f"{cpu_name()}, {os.cpu_count()} cores"
-
-
 def report(results: dict, peer_ref: str) -> None:
-    print(f"\nmachine: {results['machine']}")
+    from provenance import stamp_line
+
+    print(f"\n{stamp_line(results)}")
     print("| pairs | prepare s | s per M pairs | check / vocab / encode s | tree PSS GB | main RSS GB | "
           f"peer ({peer_ref}) s / GB | train start-up s / RSS GB / anonymous GB | sampler s / peak MB (peer) |")
     print("|---|---|---|---|---|---|---|---|---|")

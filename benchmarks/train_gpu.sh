@@ -6,8 +6,8 @@
 # WMT's sizes: a 37,000-id shared vocabulary and the paper's 25,000-token updates (one pass each,
 # memory allowing), source lengths uniform in 10..60 (random ids). Also the GPU's measured bf16
 # matmul peak. One JSON line per row in $OUT/train_gpu.jsonl and a markdown table in
-# $OUT/train_gpu.md (benchmarks/gpu_table.py) naming the GPU, driver and torch; MFU is against the
-# measured peak and PEAK_TFLOPS (default: the H100 SXM's dense bf16 989.4).
+# $OUT/train_gpu.md (benchmarks/gpu_table.py) naming the GPU, driver, torch and the commit (clean or
+# not); MFU is against the measured peak and PEAK_TFLOPS (default: the H100 SXM's dense bf16 989.4).
 #
 #     OUT=runs/gpu bash benchmarks/train_gpu.sh          # python3 with torch+CUDA, from the repo root
 #     COMPILE=0 OUT=runs/gpu bash benchmarks/train_gpu.sh  # the eager rows only
@@ -29,7 +29,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 # the matmul peak this GPU sustains (8192^3 bf16, median of 20 after warm-up)
 $PY - <<'EOF' | tee -a "$J"
-import json, statistics, torch
+import json, statistics, sys, torch
+sys.path.insert(0, "benchmarks")
+from provenance import stamp  # the commit, whether the tree was clean, the host's CPU
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
 for _ in range(5): a @ b
 times = []
@@ -38,7 +40,7 @@ for _ in range(20):
     s.record(); a @ b; e.record(); torch.cuda.synchronize(); times.append(s.elapsed_time(e) / 1e3)
 print(json.dumps({"system": "matmul", "shape": [8192, 8192, 8192], "dtype": "bf16",
                   "tflops": round(2 * 8192**3 / statistics.median(times) / 1e12, 1),
-                  "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}))
+                  "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), **stamp()}))
 EOF
 
 COMMON=(--device cuda --precision bf16 --vocab 37000 --max-tokens 25000 --lengths 10 60 --pairs 6000

@@ -26,8 +26,9 @@ rule, allocator). `--baseline DIR` runs every aiayn row again with the aiayn of 
 the same machine in one run. Each row runs `--reps` times, in rounds (every row once, then every
 row again, so a slow phase of a shared host falls on all rows alike); the fastest time, every
 time (`all_seconds`) and the largest RSS are reported; the translations are scored with
-sacreBLEU (aiayn.evaluation.sacre). The quality bound of int8 decoding is checked here: aiayn
-int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
+sacreBLEU (aiayn.evaluation.sacre); results.json records the commit, whether the tree was
+clean and the machine (benchmarks/provenance.py). The quality bound of int8 decoding is checked
+here: aiayn int8's sacreBLEU within 0.3 of aiayn fp32's on the same model.
 """
 
 from __future__ import annotations
@@ -263,9 +264,12 @@ def main() -> int:
     print(text)
     from aiayn.files import atomic_write
 
+    from provenance import stamp, tree
+
     with atomic_write(a.out / "results.json") as f:
-        json.dump({"rows": rows, "model": a.model,
+        json.dump({**stamp(), "rows": rows, "model": a.model,
                    "baseline": str(a.baseline) if a.baseline else None,
+                   "baseline_commit": tree(a.baseline.resolve())[0] if a.baseline else None,
                    "search": "greedy" if a.greedy else f"beam {a.beam}", "src": a.src,
                    "threads": a.threads, "cpus": a.cpus,
                    "command": shlex.join(["python", *sys.argv])}, f, indent=2)

@@ -50,7 +50,8 @@ def test_the_gpu_pipeline_script_runs_on_the_cpu_at_a_tiny_size(tmp_path):
 
 
 def test_the_gpu_table_names_the_gpu_and_compares_with_torchs_best(tmp_path):
-    rows = [{"system": "matmul", "tflops": 800.0, "gpu": "NVIDIA H100", "torch": "2.11"},
+    rows = [{"system": "matmul", "tflops": 800.0, "gpu": "NVIDIA H100", "torch": "2.11",
+             "commit": "abc1234", "clean": True, "machine": "Test CPU, 2 cores"},
             {"system": "torch", "config": "base", "tok_per_s": 100.0, "flops_per_tok": 4e9,
              "peak_gpu_mem_gb": 10.0},
             {"system": "torch", "config": "base", "tok_per_s": 150.0, "flops_per_tok": 4e9,
@@ -65,6 +66,7 @@ def test_the_gpu_table_names_the_gpu_and_compares_with_torchs_best(tmp_path):
     text = subprocess.run([sys.executable, "benchmarks/gpu_table.py", str(lines), "1000"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout
     assert "NVIDIA H100" in text and "800.0 TFLOP/s measured" in text
+    assert "Commit: abc1234, clean tree; machine: Test CPU, 2 cores" in text  # the run's provenance
     line = next(x for x in text.splitlines() if x.startswith("| base | aiayn eager"))
     assert "| 300 |" in line and "| 0.1% |" in line and "| 0.1% |" in line and "2.00x" in line
     assert "torch compiled" in text and "exit 124" in text

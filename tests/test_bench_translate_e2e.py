@@ -87,7 +87,9 @@ def test_output_cap_reads_the_models_config(model_dir, tmp_path):
     subprocess.run([sys.executable, str(SCRIPT), "--model", str(model), "--src", str(src),
                     "--ref", str(ref), "--out", str(out), "--precisions", "fp32", "--ct2", "int8",
                     "--threads", "1", "--cpus", "0"], check=True, capture_output=True, text=True)
-    rows = {r["system"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    results = json.loads((out / "results.json").read_text())
+    assert {"commit", "clean", "machine"} <= set(results)  # where the figures come from
+    rows = {r["system"]: r for r in results["rows"]}
     assert set(rows) == {"aiayn translate --precision fp32", "CTranslate2 int8 (Python)"}
     assert "--ct2-cap 1.2 30" in rows["CTranslate2 int8 (Python)"]["command"]
     assert len((out / "ct2-int8.hyp").read_text(encoding="utf-8").splitlines()) == 4

@@ -17,8 +17,8 @@ should take on the CPU at hand.
 
 Run under `aiayn translate`'s memory settings (`aiayn.memory.tune_memory`, the C library's
 malloc). The kernels' integer sums are equal (tests/test_decoding_int8.py), so the choice is speed only.
-Prints a table per part; `--out` writes both as JSON (refuses to overwrite), each search with the
-sha256 of its outputs (token ids, as JSON).
+Prints a table per part; `--out` writes both as JSON (refuses to overwrite) with the commit, whether
+the tree was clean and the machine, each search with the sha256 of its outputs (token ids, as JSON).
 """
 
 from __future__ import annotations
@@ -158,7 +158,10 @@ def main() -> int:
     translator = Translator(loaded, precision="int8")
     levels = translator.model.out_proj.int8.levels
     flags = cpu_flags()
-    result = {"model": a.model, "threads": a.threads, "levels": levels,
+    sys.path.insert(0, str(REPO / "benchmarks"))  # provenance: the commit and the CPU
+    from provenance import stamp
+
+    result = {**stamp(), "model": a.model, "threads": a.threads, "levels": levels,
               "projection_kernel": projection_kernel(flags),
               "vnni": "avx512_vnni" in flags, "amx_int8": "amx_int8" in flags,
               "products": [], "searches": []}
