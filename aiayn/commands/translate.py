@@ -25,6 +25,14 @@ used, by default of the last decoder layer, averaged over its heads (fairseq's a
 choice); `--alignment soft` prints, per target word, its weights over the source words
 (comma-separated; groups separated by spaces). Details: aiayn/decoding/alignment.py.
 
+With `--format jsonl` each input line gives one JSON object on one line instead, with the
+search's confidence: `{"index", "src", "tgt", "score", "logprob", "token_probs"}`, score the
+length-normalised score the beam ranked by, logprob the sentence log-probability (the sum of the
+per-token log-probabilities, EOS's included) and token_probs the probability of every output
+piece, EOS's last (`aiayn.decoding.translate.confidence`); with `--nbest N` also "nbest", the
+list of `{"tgt", "score", "logprob", "token_probs"}` best first, and with `--alignment` also
+"alignment", the line `--alignment` prints after `|||`.
+
 Search defaults come from the model's config (the paper's: beam 4, alpha 0.6, maximum output
 length = source length + 50, both lengths counting EOS). Inputs longer than the model can take
 (`--max-src-tokens`, and `max_positions` for learned positions) are truncated, with a warning on
@@ -66,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     add_search_arguments(p)
     add_alignment_arguments(p)
+    p.add_argument("--format", choices=["text", "jsonl"], default="text",
+                   help="text: translations (or n-best rows, or alignments) as lines (default); "
+                        "jsonl: one JSON object per input line, with the sentence's score, "
+                        "log-probability and per-piece probabilities")
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "
@@ -75,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "line every 30 seconds in a log")
 
 
-def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None) -> int:
+def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None,
+                 fmt: str = "text") -> int:
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     n = 0
     while True:
@@ -91,14 +104,30 @@ def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None =
         except UnicodeDecodeError:
             print(f"error: line {n}: invalid UTF-8, skipped", file=sys.stderr)
             continue
-        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n, align=align)
+        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n, align=align,
+                       fmt=fmt)
         sys.stdout.flush()
 
 
 def _write_results(out, translator, lines: list[str], nbest: int | None, progress: bool,
-                   first_line: int = 1, align: tuple[str, dict] | None = None) -> None:
+                   first_line: int = 1, align: tuple[str, dict] | None = None,
+                   fmt: str = "text") -> None:
     from aiayn.decoding.translate import format_nbest
 
+    if fmt == "jsonl":
+        if align:
+            mode, kwargs = align
+            found = translator.align_hypotheses(lines, progress=progress, first_line=first_line,
+                                                **kwargs)
+            for i, (line, (a, hyp)) in enumerate(zip(lines, found)):
+                out.write(jsonl_record(translator, first_line - 1 + i, line,
+                                       [hyp] if hyp is not None else [], None,
+                                       a.format(mode)) + "\n")
+            return
+        found = translator.search(translator.prepare(lines, first_line), nbest or 1, progress)
+        for i, (line, hyps) in enumerate(zip(lines, found)):
+            out.write(jsonl_record(translator, first_line - 1 + i, line, hyps, nbest) + "\n")
+        return
     if align:
         mode, kwargs = align
         for a in translator.align(lines, progress=progress, first_line=first_line, **kwargs):
@@ -160,18 +189,37 @@ def _translate(args: argparse.Namespace) -> int:
 
     translator = translator_from_args(args, "translate", settings)
     if interactive:
-        return _interactive(translator, args.nbest, align)
+        return _interactive(translator, args.nbest, align, args.format)
     progress = args.progress or sys.stderr.isatty()
     if args.output is None:
-        _stream(sys.stdout, translator, groups, args.nbest, progress, align)
+        _stream(sys.stdout, translator, groups, args.nbest, progress, align, args.format)
     else:
         with atomic_write(args.output, "w") as f:
-            _stream(f, translator, groups, args.nbest, progress, align)
+            _stream(f, translator, groups, args.nbest, progress, align, args.format)
     return 0
 
 
+def jsonl_record(translator, index: int, line: str, hyps: list, nbest: int | None,
+                 alignment: str | None = None) -> str:
+    """`--format jsonl`'s line for input line `index` (0-based): the best hypothesis's text and
+    confidence (`confidence`), the n-best list when `nbest`, the alignment when given."""
+    import json
+
+    from aiayn.decoding.translate import confidence
+
+    entries = [{"tgt": translator.detokenize(h.tokens), **confidence(h)} for h in hyps]
+    best = entries[0] if entries else {"tgt": "", "score": None, "logprob": None,
+                                        "token_probs": []}
+    record = {"index": index, "src": line, **best}
+    if nbest:
+        record["nbest"] = entries
+    if alignment is not None:
+        record["alignment"] = alignment
+    return json.dumps(record, ensure_ascii=False)
+
+
 def _stream(out, translator, groups, nbest: int | None, progress: bool,
-            align: tuple[str, dict] | None) -> None:
+            align: tuple[str, dict] | None, fmt: str = "text") -> None:
     """Translate the input as it comes and write each line's result as soon as it and every line
     before it are done (flushed: a reader at the other end of a pipe sees them at once), through
     one decoding engine for the whole input (`Translator.stream`). Alignments are made a group
@@ -183,14 +231,30 @@ def _stream(out, translator, groups, nbest: int | None, progress: bool,
         if align:
             first = 1
             for lines in groups:
-                _write_results(out, translator, lines, nbest, False, first_line=first, align=align)
+                _write_results(out, translator, lines, nbest, False, first_line=first, align=align,
+                               fmt=fmt)
                 out.flush()
                 first += len(lines)
                 bar.update(len(lines))
             return
+        # the lines read and not yet written (`--format jsonl`), filled by the reading thread
+        sources: dict[int, str] = {}
+
+        def kept(groups):
+            start = 0
+            for lines in groups:
+                sources.update(enumerate(lines, start))
+                start += len(lines)
+                yield lines
+
+        if fmt == "jsonl":
+            groups = kept(groups)
         for ready in translator.stream(groups, nbest or 1):
             for index, hyps in ready:
-                if nbest:
+                if fmt == "jsonl":
+                    out.write(jsonl_record(translator, index, sources.pop(index), hyps, nbest)
+                              + "\n")
+                elif nbest:
                     entries = [(h.score, translator.detokenize(h.tokens)) for h in hyps]
                     for row in format_nbest(index, entries):
                         out.write(row + "\n")

@@ -299,11 +299,22 @@ class Translator:
             a.attention                                  # (T, S) numpy, rows sum to 1
             a.pairs, a.format("hard")                    # [(0, 0), ...], "0-0 1-1 ..."
         """
+        return [a for a, _ in self.align_hypotheses(lines, layer, head, unit, progress,
+                                                     first_line)]
+
+    def align_hypotheses(self, lines: Sequence[str], layer: int = -1, head: int | None = None,
+                         unit: Unit = "word", progress: bool = False, first_line: int = 1
+                         ) -> list[tuple[SentenceAlignment, Hypothesis | None]]:
+        """`align`'s alignments, each with the hypothesis it was taken from (None when the
+        search found none): `aiayn translate --alignment --format jsonl` adds its scores."""
         request = self.attention_request(layer, head, unit)
         sources = self.prepare(lines, first_line)
         found = self.search(sources, 1, progress, attention=request)
-        return [self.alignment(line, src, hyps[0] if hyps else None, request, unit)
-                for line, src, hyps in zip(lines, sources, found)]
+        out = []
+        for line, src, hyps in zip(lines, sources, found):
+            hyp = hyps[0] if hyps else None
+            out.append((self.alignment(line, src, hyp, request, unit), hyp))
+        return out
 
     def attention_request(self, layer: int = -1, head: int | None = None, unit: Unit = "word"
                           ) -> AttentionRequest:
@@ -344,3 +355,19 @@ def format_nbest(index: int, entries: Sequence[tuple[float, str]]) -> Iterator[s
     score the search score (log-probability / length penalty; higher is better)."""
     for score, text in entries:
         yield f"{index}\t{score:.6f}\t{text}"
+
+
+def confidence(hyp: Hypothesis) -> dict[str, Any]:
+    """What the search knows of its confidence in `hyp`, JSON-ready (`aiayn translate --format
+    jsonl`, `aiayn serve`'s `"scores": true`):
+
+    - `score`: the score the beam ranked it by, logprob / lp(|Y|) (§6.1's GNMT length penalty,
+      `aiayn.decoding.common.length_penalty`; plain logprob for greedy search, alpha 0);
+    - `logprob`: log P(Y | X), the sum of the per-token log-probabilities, EOS's included;
+    - `token_probs`: p(y_t | y_<t, X) of every generated piece, in output order, EOS's last when
+      the hypothesis is complete: the float32 log-probabilities the search computed and kept
+      for this hypothesis (`Hypothesis.token_logprobs`), exponentiated in float32.
+    A blank line's empty hypothesis has score 0, logprob 0 and no token."""
+    probs = np.exp(np.asarray(hyp.token_logprobs, dtype=np.float32))
+    return {"score": float(hyp.score), "logprob": float(hyp.logprob),
+            "token_probs": probs.tolist()}

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.decoding.translate import confidence
 from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.model import SearchKey, ServedModel
@@ -221,7 +222,7 @@ def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
         except ShuttingDown as e:
             raise RequestError(503, str(e)) from None
         found = await wait_for(request, batcher, job, settings.timeout_s - (time.perf_counter() - start))
-        items = [translation_item(served, text, src, hyps, req.alignment)
+        items = [translation_item(served, text, src, hyps, req.alignment, req.scores)
                  for text, src, hyps in zip(texts, ids, found)]
         body: dict[str, Any] = {
             "translatedText": items[0]["tgt"] if isinstance(req.q, str) else [i["tgt"] for i in items],
@@ -245,11 +246,21 @@ def check_languages(served: ServedModel, req: TranslateRequest) -> None:
                                     f"{served.tgt_lang}, not {asked!r}")
 
 
-def translation_item(served: ServedModel, text: str, src: list[int], hyps: list, alignment: bool) -> dict:
-    """One text's answer: the best translation, its score, and the n-best list (best first)."""
+def translation_item(served: ServedModel, text: str, src: list[int], hyps: list, alignment: bool,
+                     scores: bool = False) -> dict:
+    """One text's answer: the best translation, its score, and the n-best list (best first);
+    with `scores`, each also with its log-probability and per-piece probabilities
+    (`aiayn.decoding.translate.confidence`, as `aiayn translate --format jsonl`)."""
     nbest = [{"tgt": served.detokenize(h.tokens), "score": round(float(h.score), 6)} for h in hyps]
+    if scores:
+        for entry, h in zip(nbest, hyps):
+            c = confidence(h)
+            entry.update(logprob=c["logprob"], token_probs=c["token_probs"])
     best = nbest[0] if nbest else {"tgt": "", "score": None}
     item: dict[str, Any] = {"src": text, "tgt": best["tgt"], "score": best["score"], "nbest": nbest}
+    if scores:
+        item["logprob"] = best.get("logprob")
+        item["token_probs"] = best.get("token_probs", [])
     if alignment and hyps and src:
         att = served.attention(text, src, hyps[0])
         item["attention"] = {"src_pieces": att.src_pieces, "tgt_pieces": att.tgt_pieces,

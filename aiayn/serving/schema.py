@@ -49,6 +49,8 @@ class TranslateRequest(BaseModel):
                                 description="length penalty exponent (default: the model's)")
     nbest: StrictInt = Field(1, description="hypotheses returned per text, best first")
     alignment: StrictBool = Field(False, description="return cross-attention and word alignment")
+    scores: StrictBool = Field(False, description="also return each translation's log-probability "
+                                                  "and the probability of each of its pieces")
     api_key: StrictStr | None = Field(None, description="the API key, if not sent in a header")
 
     @field_validator("q", mode="before")
