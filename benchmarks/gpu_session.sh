@@ -1,7 +1,7 @@
 #!/bin/bash
 # Everything one short GPU loan measures, in one run that ends by itself within BUDGET seconds
 # (default 540), most telling first, so that whatever the time allows comes back:
-#   1. benchmarks/gpu_micro.py, the microbenchmark that decides the step's redesign: attention
+#   1. tools/gpu_micro.py, the microbenchmark that decides the step's redesign: attention
 #      masked against packed varlen and equal-length buckets, the loss against
 #      linear_cross_entropy's chunks, the step eager against CUDA graphs, base and big at
 #      WMT-like lengths (or MICRO_DATA, a dataset directory made by `aiayn prepare`), 37,000 ids,
@@ -65,7 +65,7 @@ compiled_rows() {
 
 MICRO=$(( $(left) - 30 < ${MICRO_SECONDS:-170} ? $(left) - 30 : ${MICRO_SECONDS:-170} ))
 log "the design microbenchmark, $MICRO s"
-timeout $((MICRO + 30)) $PY benchmarks/gpu_micro.py --config base big --device cuda --dtype bf16 \
+timeout $((MICRO + 30)) $PY tools/gpu_micro.py --config base big --device cuda --dtype bf16 \
   --vocab 37000 --tokens 25000 --budget-s "$MICRO" --out "$W/micro.json" \
   ${MICRO_DATA:+--data "$MICRO_DATA"} > "$W/micro.md" 2> "$W/micro.log"
 snap

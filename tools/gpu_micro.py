@@ -3,9 +3,9 @@ padded batches against packed sequences and equal-length buckets, the loss again
 output projection, the whole step eager against CUDA graphs. Under 3 minutes on one GPU for base
 and big together (`--budget-s`, default 170); the first command of benchmarks/gpu_session.sh.
 
-    python3 benchmarks/gpu_micro.py --config base big --device cuda --out runs/micro.json
-    python3 benchmarks/gpu_micro.py --config base --device cuda --data DIR   # DIR: `aiayn prepare`'s
-    .venv/bin/python benchmarks/gpu_micro.py --config tiny --dtype fp32 --device cpu --tokens 300 \\
+    python3 tools/gpu_micro.py --config base big --device cuda --out runs/micro.json
+    python3 tools/gpu_micro.py --config base --device cuda --data DIR   # DIR: `aiayn prepare`'s
+    .venv/bin/python tools/gpu_micro.py --config tiny --dtype fp32 --device cpu --tokens 300 \\
         --vocab 300 --reps 1 --out /tmp/micro.json                         # the CPU test's run
 
 Batches: `--updates` updates (default 4) drawn by aiayn's own sampler and collate
@@ -69,7 +69,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "benchmarks"))  # provenance: the commit and the CPU
 
 import provenance  # noqa: E402  (torch-free)
 
@@ -704,7 +704,7 @@ def run(a) -> int:
     updates, source, micro_tokens = draw_updates(a, vocab, data_info)
     fields = provenance.stamp() if hasattr(provenance, "stamp") else {
         "commit": provenance.commit(), "machine": provenance.cpu_name()}
-    report = {"script": "benchmarks/gpu_micro.py", **fields, "cpu": provenance.cpu_name(),
+    report = {"script": "tools/gpu_micro.py", **fields, "cpu": provenance.cpu_name(),
               "device": a.device,
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else provenance.cpu_name(),
               "torch": torch.__version__, "dtype": a.dtype, "reps": a.reps, "warmup": a.warmup,

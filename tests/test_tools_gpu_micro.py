@@ -1,4 +1,4 @@
-"""benchmarks/gpu_micro.py, the microbenchmark that decides the GPU step's redesign, run as a
+"""tools/gpu_micro.py, the microbenchmark that decides the GPU step's redesign, run as a
 command on the CPU at a tiny size: every row is in its JSON (measured, or saying why not), the
 layouts' attention outputs and the two losses agree, a bad --data is one line and exit 2, the
 budget skips rows, and benchmarks/gpu_session.sh runs it first."""
@@ -15,7 +15,7 @@ import pytest
 
 from helpers import REPO, tiny_dataset
 
-SCRIPT = REPO / "benchmarks" / "gpu_micro.py"
+SCRIPT = REPO / "tools" / "gpu_micro.py"
 ROWS = {"attention": ["masked", "packed varlen", "equal-length buckets"],
         "loss": ["label_smoothed_loss", "linear_cross_entropy chunked"],
         "step": ["eager", "CUDA graph", "reduce-overhead compile"]}
@@ -54,7 +54,7 @@ def test_the_gpu_session_runs_the_microbenchmark_first():
             in_function = False
         elif not in_function and ln.strip() and not ln.lstrip().startswith("#"):
             commands.append(ln)
-    first = next(i for i, ln in enumerate(commands) if "benchmarks/gpu_micro.py" in ln)
+    first = next(i for i, ln in enumerate(commands) if "tools/gpu_micro.py" in ln)
     later = [i for i, ln in enumerate(commands)
              if any(s in ln for s in ("train_gpu.sh", "gpu_e2e.sh", "profile_step.py", "compiled_rows"))]
     assert later and first < min(later)
