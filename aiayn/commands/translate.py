@@ -33,6 +33,12 @@ piece, EOS's last (`aiayn.decoding.translate.confidence`); with `--nbest N` also
 list of `{"tgt", "score", "logprob", "token_probs"}` best first, and with `--alignment` also
 "alignment", the line `--alignment` prints after `|||`.
 
+With `--documents` each input line is a paragraph: it is split into sentences (sentencex, by the
+rules of `--sentence-language`), every sentence of a group of lines is translated in one search,
+and each output line is its paragraph's translations joined by spaces (a blank line stays blank);
+a sentence longer than the model takes is cut into parts between words, never truncated.
+Details: aiayn/decoding/documents.py.
+
 Search defaults come from the model's config (the paper's: beam 4, alpha 0.6, maximum output
 length = source length + 50, both lengths counting EOS). Inputs longer than the model can take
 (`--max-src-tokens`, and `max_positions` for learned positions) are truncated, with a warning on
@@ -78,6 +84,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="text: translations (or n-best rows, or alignments) as lines (default); "
                         "jsonl: one JSON object per input line, with the sentence's score, "
                         "log-probability and per-piece probabilities")
+    d = p.add_argument_group("documents")
+    d.add_argument("--documents", action="store_true",
+                   help="each input line is a paragraph: split it into sentences, translate them "
+                        "all, and write each paragraph's translation on its line")
+    d.add_argument("--sentence-language", metavar="CODE",
+                   help="the ISO 639 code whose rules split --documents into sentences (default: "
+                        "the model's source language when its directory records one, else en)")
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "
@@ -88,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None,
-                 fmt: str = "text") -> int:
+                 fmt: str = "text", documents: str | None = None) -> int:
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     n = 0
     while True:
@@ -105,15 +118,22 @@ def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None =
             print(f"error: line {n}: invalid UTF-8, skipped", file=sys.stderr)
             continue
         _write_results(sys.stdout, translator, [line], nbest, False, first_line=n, align=align,
-                       fmt=fmt)
+                       fmt=fmt, documents=documents)
         sys.stdout.flush()
 
 
 def _write_results(out, translator, lines: list[str], nbest: int | None, progress: bool,
                    first_line: int = 1, align: tuple[str, dict] | None = None,
-                   fmt: str = "text") -> None:
+                   fmt: str = "text", documents: str | None = None) -> None:
+    """`documents`: the sentence language of `--documents` (each line a paragraph), else None."""
     from aiayn.decoding.translate import format_nbest
 
+    if documents is not None:
+        from aiayn.decoding.documents import translate_paragraphs
+
+        for text in translate_paragraphs(translator, lines, documents, progress):
+            out.write(text + "\n")
+        return
     if fmt == "jsonl":
         if align:
             mode, kwargs = align
@@ -170,6 +190,11 @@ def _translate(args: argparse.Namespace) -> int:
     check_precision(args, DECODE_PRECISIONS, "translate")  # before reading any model
     if args.alignment and args.nbest:
         raise UserError("--alignment prints the best translation's alignment; drop --nbest")
+    if args.documents and (args.alignment or args.nbest or args.format != "text"):
+        raise UserError("--documents writes one translated paragraph per line; drop --alignment, "
+                        "--nbest and --format jsonl")
+    if args.sentence_language is not None and not args.documents:
+        raise UserError("--sentence-language splits --documents into sentences; add --documents")
     if args.alignment and len(args.model) > 1:
         raise UserError("--alignment reads one model's attention; give one --model")
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
@@ -188,14 +213,21 @@ def _translate(args: argparse.Namespace) -> int:
     groups = None if interactive else input_groups(args.input, STREAM_LINES)
 
     translator = translator_from_args(args, "translate", settings)
+    documents = None
+    if args.documents:
+        from aiayn.decoding.documents import DEFAULT_LANGUAGE
+
+        meta = getattr(translator.loaded, "meta", None) or {}
+        documents = args.sentence_language or meta.get("src_lang") or DEFAULT_LANGUAGE
     if interactive:
-        return _interactive(translator, args.nbest, align, args.format)
+        return _interactive(translator, args.nbest, align, args.format, documents)
     progress = args.progress or sys.stderr.isatty()
     if args.output is None:
-        _stream(sys.stdout, translator, groups, args.nbest, progress, align, args.format)
+        _stream(sys.stdout, translator, groups, args.nbest, progress, align, args.format,
+                documents)
     else:
         with atomic_write(args.output, "w") as f:
-            _stream(f, translator, groups, args.nbest, progress, align, args.format)
+            _stream(f, translator, groups, args.nbest, progress, align, args.format, documents)
     return 0
 
 
@@ -219,20 +251,22 @@ def jsonl_record(translator, index: int, line: str, hyps: list, nbest: int | Non
 
 
 def _stream(out, translator, groups, nbest: int | None, progress: bool,
-            align: tuple[str, dict] | None, fmt: str = "text") -> None:
+            align: tuple[str, dict] | None, fmt: str = "text", documents: str | None = None
+            ) -> None:
     """Translate the input as it comes and write each line's result as soon as it and every line
     before it are done (flushed: a reader at the other end of a pipe sees them at once), through
     one decoding engine for the whole input (`Translator.stream`). Alignments are made a group
-    of lines at a time (`Translator.align`)."""
+    of lines at a time (`Translator.align`), and so are documents (their sentences searched
+    together, `aiayn.decoding.documents`)."""
     from aiayn.decoding.translate import format_nbest
     from aiayn.progress import Progress
 
     with Progress(None, desc="translating", unit="sent", enabled=progress) as bar:
-        if align:
+        if align or documents is not None:
             first = 1
             for lines in groups:
                 _write_results(out, translator, lines, nbest, False, first_line=first, align=align,
-                               fmt=fmt)
+                               fmt=fmt, documents=documents)
                 out.flush()
                 first += len(lines)
                 bar.update(len(lines))

@@ -1,0 +1,84 @@
+"""Documents: paragraphs in, paragraphs out, translated sentence by sentence (`aiayn translate
+--documents`).
+
+The model was trained on sentences (§5.1's corpora are sentence-aligned), so a paragraph is split
+into sentences first, with sentencex (a rule-based segmenter for some 300 languages that ships its
+rules: nothing is downloaded at run time), every sentence of every paragraph goes through one
+search together (`Translator.search`: one engine, sorted by length), and each paragraph is put
+back from its sentences' translations, joined by single spaces, in order.
+
+Input: one paragraph a line, as `aiayn translate` reads lines (a blank line stays blank, so the
+line structure of the input is the output's). Text wrapped over several lines is one paragraph
+per line only once unwrapped.
+
+A sentence longer than the model can take (`Translator.max_src_tokens`: pieces + EOS) is not
+truncated as `Translator.prepare` truncates a line: its pieces are cut into parts that fit,
+each cut before a piece that starts a word where there is one (`split_pieces`), and the parts'
+translations are joined by spaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+# sentencex's fallback chain ends in English rules, which suit most languages written with
+# Latin script.
+DEFAULT_LANGUAGE = "en"
+
+WORD_START = "\u2581"  # sentencepiece's word-boundary mark, "▁"
+
+
+def split_sentences(paragraph: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
+    """The sentences of one paragraph (sentencex, rules for `language`, an ISO 639 code),
+    stripped of surrounding white space; a blank paragraph has none."""
+    import sentencex
+
+    return [s.strip() for s in sentencex.segment(language, paragraph) if s.strip()]
+
+
+def split_pieces(ids: Sequence[int], keep: int, starts_word: Callable[[int], bool]
+                 ) -> list[list[int]]:
+    """`ids` cut into consecutive parts of at most `keep` pieces, in order, together exactly
+    `ids`: each part ends before the last piece that starts a word (`starts_word`) within
+    reach, or at `keep` pieces when no word starts there (one word longer than `keep`)."""
+    if keep < 1:
+        raise ValueError(f"a part must hold at least one piece, got {keep}")
+    ids = list(ids)
+    parts: list[list[int]] = []
+    start = 0
+    while len(ids) - start > keep:
+        end = start + keep
+        cut = next((j for j in range(end, start, -1) if starts_word(ids[j])), end)
+        parts.append(ids[start:cut])
+        start = cut
+    parts.append(ids[start:])
+    return parts
+
+
+def translate_paragraphs(translator: Any, paragraphs: Sequence[str],
+                         language: str = DEFAULT_LANGUAGE, progress: bool = False) -> list[str]:
+    """One translation per paragraph, in order (a blank paragraph gives ""): the paragraphs'
+    sentences, and the parts of those too long for the model (`split_pieces`), searched
+    together through `translator` (`aiayn.decoding.translate.Translator`), best hypothesis
+    each, joined by spaces."""
+    tok = translator.src_tokenizer
+    keep = translator.max_src_tokens - 1  # room for EOS
+
+    def starts_word(i: int) -> bool:
+        return tok.id_to_piece(i).startswith(WORD_START)
+
+    sources: list[list[int]] = []
+    owner: list[int] = []  # the paragraph of each source
+    for p, paragraph in enumerate(paragraphs):
+        for sentence in split_sentences(paragraph, language):
+            ids = list(tok.encode(sentence))
+            for part in split_pieces(ids, keep, starts_word) if ids else []:
+                sources.append(part)
+                owner.append(p)
+    found = translator.search(sources, 1, progress)
+    texts: list[list[str]] = [[] for _ in paragraphs]
+    for p, hyps in zip(owner, found):
+        text = translator.detokenize(hyps[0].tokens) if hyps else ""
+        if text:
+            texts[p].append(text)
+    return [" ".join(t) for t in texts]
