@@ -386,6 +386,37 @@ class BeamSearch:
         return finished
 
 
+    @torch.inference_mode()
+    def settled(self) -> list[tuple[Hashable, list[int]]]:
+        """(key, settled prefix) of every live sentence, read between steps without changing
+        the search: the pieces every hypothesis still in contention for the sentence's best
+        translation shares, so its final best translation starts with them (streaming, `aiayn
+        serve`).
+
+        In contention: the live beams (finite raw score) and the best finished hypothesis,
+        pool slot 0. Nothing else can end first: every later hypothesis extends a live beam,
+        and a finished one below slot 0 stays below it (the pool only gains, in order). A
+        finished hypothesis counts with its own length, so a short one that may still win
+        holds the prefix back even where the live beams agree. The prefix never shrinks: the
+        contenders of the next step all extend this step's. One comparison along the time
+        axis: (n, k + 1, t) tokens against beam 0's (alive in every live sentence)."""
+        n, k = self.sentences, self.k
+        if not n:
+            return []
+        width = int(self.t.max())
+        if not width:
+            return [(key, []) for key in self.keys]
+        tok = torch.cat([self.hist_tok[:, :, :width], self.pool.tok[:, :1, :width]], dim=1)
+        length = torch.cat([self.t[:, None].expand(n, k), self.pool.length[:, :1]], dim=1)
+        alive = torch.cat([torch.isfinite(self.raw), torch.isfinite(self.pool.score[:, :1])], dim=1)
+        pos = torch.arange(width, device=tok.device)
+        agree = (tok == tok[:, :1]) & (pos < length[..., None])  # (n, k + 1, width)
+        agree |= ~alive[..., None]  # an empty beam or pool slot contends for nothing
+        size = agree.all(dim=1).long().cumprod(dim=1).sum(dim=1).tolist()  # (n,)
+        first = self.hist_tok[:, 0, :width].tolist()
+        return [(key, first[i][: size[i]]) for i, key in enumerate(self.keys)]
+
+
 def _to_hypotheses(final: _Pool, nbest: int, src_lens: list[int],
                    a_shape: tuple[int, int] | None = None) -> list[list[Hypothesis]]:
     """The first `nbest` non-empty pool entries of each sentence as `Hypothesis` lists (with

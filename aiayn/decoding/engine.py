@@ -168,6 +168,13 @@ class SearchEngine:
             self._join()
             return done + self.search.step()
 
+    def settled(self) -> list[tuple[Hashable, list[int]]]:
+        """The per-step hook of streaming: after any `step`, (key, settled prefix in pieces) of
+        every sentence being decoded, the pieces its final best translation is sure to start
+        with (`BeamSearch.settled`; sentences still waiting for room have none yet). Reading
+        it changes nothing in the search."""
+        return self.search.settled()
+
     def run(self, feed: Feed) -> Iterator[list[tuple[Hashable, list[Hypothesis]]]]:
         """Decode until the input has ended and every sentence is done, yielding each step's
         finished (key, hypotheses best first). Before each step `feed(idle)` submits what input

@@ -5,20 +5,26 @@ The event loop only parses, tokenizes and answers; beam search runs on the batch
 thread (`aiayn.serving.batcher`). Every refusal is a JSON object with one line,
 `{"error": "..."}`, and a 4xx status (503 when the queue is full, 504 after the request timeout);
 a client that goes away before its answer loses its place in the queue.
+
+`"stream": true` answers as server-sent events (`stream_events`): each text's settled prefix
+(`event: prefix`) whenever it grows, then `event: done` with the JSON of the plain response. A
+refusal before the stream starts is the usual JSON 4xx; a failure after it (the timeout, a
+shutdown) is one `event: error` with the one-line `{"error": ...}`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.decoding.translate import confidence
@@ -214,25 +220,103 @@ def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
         key = SearchKey(req.beam_size or served.default_beam,
                         served.default_alpha if req.alpha is None else float(req.alpha), req.nbest,
                         req.alignment)
+        prefixes: asyncio.Queue | None = None
+        on_prefix = None
+        if req.stream:
+            prefixes, loop = asyncio.Queue(), asyncio.get_running_loop()
+
+            def on_prefix(i: int, tokens: list) -> None:  # the model worker's thread
+                loop.call_soon_threadsafe(prefixes.put_nowait, (i, tokens))
         try:
-            job = batcher.submit(key, ids)
+            job = batcher.submit(key, ids, on_prefix)
         except QueueFull as e:
             raise RequestError(503, f"busy: {e}; retry later",
                                {"Retry-After": str(settings.retry_after_s)}) from None
         except ShuttingDown as e:
             raise RequestError(503, str(e)) from None
+
+        def answer(found: list) -> dict[str, Any]:
+            body = response_body(served, req, ids, found, warnings)
+            metrics.latency.observe(time.perf_counter() - start)
+            return body
+
+        if prefixes is not None:
+            left = settings.timeout_s - (time.perf_counter() - start)
+            return StreamingResponse(
+                stream_events(served, batcher, job, prefixes, left, settings.timeout_s, answer),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         found = await wait_for(request, batcher, job, settings.timeout_s - (time.perf_counter() - start))
-        items = [translation_item(served, text, src, hyps, req.alignment, req.scores)
-                 for text, src, hyps in zip(texts, ids, found)]
-        body: dict[str, Any] = {
-            "translatedText": items[0]["tgt"] if isinstance(req.q, str) else [i["tgt"] for i in items],
-            "translations": items}
-        if warnings:
-            body["warnings"] = warnings
-        metrics.latency.observe(time.perf_counter() - start)
-        return JSONResponse(body)
+        return JSONResponse(answer(found))
 
     return app
+
+
+def response_body(served: ServedModel, req: TranslateRequest, ids: list[list[int]], found: list,
+                  warnings: list[str]) -> dict[str, Any]:
+    """The JSON of a `/translate` answer (streamed or not) from each text's hypotheses."""
+    items = [translation_item(served, text, src, hyps, req.alignment, req.scores)
+             for text, src, hyps in zip(req.texts, ids, found)]
+    body: dict[str, Any] = {
+        "translatedText": items[0]["tgt"] if isinstance(req.q, str) else [i["tgt"] for i in items],
+        "translations": items}
+    if warnings:
+        body["warnings"] = warnings
+    return body
+
+
+def sse(event: str, data: dict) -> str:
+    """One server-sent event: its name and one line of JSON."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def stream_events(served: ServedModel, batcher: Batcher, job: Job, prefixes: asyncio.Queue,
+                        timeout: float, limit: float, answer: Any) -> AsyncIterator[str]:
+    """`"stream": true`'s events: `prefix` {"index", "text", "pieces"} whenever text `index`'s
+    settled prefix grows (the detokenized settled pieces: a piece may join the next one
+    differently once that is known, so the final text replaces the prefix rather than extends
+    it), then `done` with the plain response's JSON, or one `error`. A client that leaves (the
+    generator is closed) or the timeout (`timeout` seconds left of the request's `limit`) takes the
+    job off the queue."""
+    result = asyncio.wrap_future(job.future)
+    deadline = time.monotonic() + timeout
+    getter: asyncio.Future | None = None
+
+    def prefix(item: tuple[int, list]) -> str:
+        i, tokens = item
+        return sse("prefix", {"index": i, "text": served.detokenize(tokens), "pieces": len(tokens)})
+
+    try:
+        while not result.done():
+            getter = asyncio.ensure_future(prefixes.get())
+            done, _ = await asyncio.wait({result, getter}, timeout=max(deadline - time.monotonic(), 0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield prefix(getter.result())
+                continue
+            getter.cancel()  # before the drain below: a woken getter must not take an item
+            if not done:
+                yield sse("error", {"error": f"no answer within the request timeout of "
+                                             f"{limit:g} s"})
+                return
+        while not prefixes.empty():  # told before the answer came: in order, before it
+            yield prefix(prefixes.get_nowait())
+        try:
+            found = result.result()
+        except ShuttingDown as e:
+            yield sse("error", {"error": str(e)})
+            return
+        except Exception as e:  # headers are sent: the error is the stream's last event
+            log.exception("internal error in a streamed /translate")
+            yield sse("error", {"error": f"internal error: {type(e).__name__}"})
+            return
+        yield sse("done", answer(found))
+    finally:
+        if getter is not None:
+            getter.cancel()
+        if not job.future.done():
+            batcher.cancel(job)
+            result.cancel()
 
 
 def check_languages(served: ServedModel, req: TranslateRequest) -> None:

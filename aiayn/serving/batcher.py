@@ -21,6 +21,11 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
   it also waits until `max_wait` after that: clients that send their next request as soon as
   they have an answer (a closed loop) then join the others instead of settling into groups that
   take turns.
+- Streaming: a job submitted with `on_prefix` is told, after each step, the settled prefix of
+  each of its sentences (pieces every hypothesis still in contention shares, so its final
+  translation starts with them: `SearchEngine.settled`) whenever it has grown, and a sentence's
+  whole best translation when it finishes before the job does. The worker calls `on_prefix`;
+  it must return at once (the server only schedules the event on its loop).
 - The queue is bounded in sentences: `submit` raises `QueueFull` rather than queueing more.
   `cancel(job)` (a client that went away, a timeout) removes a waiting job at once, freeing its
   place; a job already in an engine finishes and its result is dropped.
@@ -32,6 +37,7 @@ hypotheses do not depend on the others in its search (aiayn/decoding/engine.py, 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -39,6 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("aiayn.serve")
+# Streaming: (sentence index in the job, its settled prefix in pieces), from the worker thread
+PrefixCallback = Callable[[int, list], None]
 
 
 def in_passing_thread(fn: Callable[[], T]) -> T:
@@ -84,6 +93,7 @@ class Job:
     sources: list[list[int]]  # token ids per sentence, no specials
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
+    on_prefix: PrefixCallback | None = None  # streaming (module doc)
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,17 @@ class _Running:
     job: Job
     results: list
     left: int
+    shown: list[int] = field(default_factory=list)  # streaming: pieces told so far, per sentence
+
+    def tell(self, i: int, tokens: list) -> None:
+        """Hand sentence i's settled prefix to the job's `on_prefix` if it has grown."""
+        if len(tokens) <= self.shown[i]:
+            return
+        self.shown[i] = len(tokens)
+        try:
+            self.job.on_prefix(i, tokens)
+        except Exception:  # a client's callback never stops the worker
+            log.exception("streaming callback failed")
 
 
 class Batcher:
@@ -136,8 +157,10 @@ class Batcher:
         """Sentences waiting for the model (not counting those in an engine)."""
         return self._pending
 
-    def submit(self, key: Hashable, sources: Sequence[Sequence[int]]) -> Job:
-        job = Job(key, [list(s) for s in sources])
+    def submit(self, key: Hashable, sources: Sequence[Sequence[int]],
+               on_prefix: PrefixCallback | None = None) -> Job:
+        """Queue a job; `on_prefix`: stream its settled prefixes (module doc)."""
+        job = Job(key, [list(s) for s in sources], on_prefix=on_prefix)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -252,7 +275,7 @@ class Batcher:
                 continue
             engine = self._engine(job.key)
             self._running[job.key][id(job)] = _Running(job, [None] * len(job.sources),
-                                                       len(job.sources))
+                                                       len(job.sources), [0] * len(job.sources))
             for i, ids in enumerate(job.sources):
                 engine.submit((id(job), i), ids)
 
@@ -285,6 +308,9 @@ class Batcher:
                 r.left -= 1
                 if not r.left:
                     finished.append(running.pop(job_id))
+                elif r.job.on_prefix is not None and result:  # its best is settled whole
+                    r.tell(i, list(result[0].tokens))
+            self.stream(engine, running)
             if self.on_batch is not None:  # before the answers: metrics read after one must count it
                 live = sum(len(r.job.sources) for r in running.values()) + sum(
                     len(r.job.sources) for r in finished)
@@ -294,6 +320,22 @@ class Batcher:
             answered += len(finished)
         if answered:
             self._last_end, self._last_jobs = time.monotonic(), answered
+
+    @staticmethod
+    def stream(engine: Any, running: dict[int, _Running]) -> None:
+        """Tell the streaming jobs still in `engine` the settled prefixes that grew this step
+        (read only when one streams)."""
+        if not any(r.job.on_prefix is not None for r in running.values()):
+            return
+        try:
+            settled = engine.settled()
+        except Exception:  # streaming is a courtesy: the search and its answers go on
+            log.exception("reading the settled prefixes failed")
+            return
+        for (job_id, i), tokens in settled:
+            r = running.get(job_id)
+            if r is not None and r.job.on_prefix is not None:
+                r.tell(i, tokens)
 
     def _run(self) -> None:
         while self.busy or self.wait_for_work():

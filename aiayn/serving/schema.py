@@ -51,6 +51,8 @@ class TranslateRequest(BaseModel):
     alignment: StrictBool = Field(False, description="return cross-attention and word alignment")
     scores: StrictBool = Field(False, description="also return each translation's log-probability "
                                                   "and the probability of each of its pieces")
+    stream: StrictBool = Field(False, description="answer as server-sent events: each text's "
+                                                  "settled prefix as it grows, then the response")
     api_key: StrictStr | None = Field(None, description="the API key, if not sent in a header")
 
     @field_validator("q", mode="before")
