@@ -21,7 +21,7 @@ SENTENCE = "the cat sat on the mat"
 
 # Replaces the page's setTimeout/clearTimeout by a clock that stands still until the test calls
 # __advance(ms), which runs the timers due by then in order; __fetches records the lines each
-# /translate request the page makes carries.
+# /translate request the page makes carries, __bodies the whole of each request.
 FAKE_CLOCK = """
 const clock = {now: 0, next: 1, timers: new Map()};
 window.setTimeout = (fn, ms, ...args) => {
@@ -43,9 +43,11 @@ window.__advance = (ms) => {
   clock.now = end;
 };
 window.__fetches = [];
+window.__bodies = [];
 const realFetch = window.fetch;
 window.fetch = (url, init) => {
   if (url === "/translate") window.__fetches.push(JSON.parse(init.body).q);
+  if (url === "/translate") window.__bodies.push(JSON.parse(init.body));
   return realFetch.call(window, url, init);
 };
 """
@@ -85,14 +87,30 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
                        and d.find_element(By.ID, "out").text == expected)
             # one request for the 22 keys, carrying the whole line
             assert driver.execute_script("return window.__fetches") == [[SENTENCE]]
+            # streamed, with the pieces' probabilities: the answer came as events (the settled
+            # prefixes, if the beams agreed before the end, then `done`)
+            body = driver.execute_script("return window.__bodies")[0]
+            assert body["stream"] is True and body["scores"] is True
+            assert driver.execute_script("return state.events") >= 1
             wait.until(lambda d: d.find_element(By.ID, "heatmap").is_displayed())
             nbest = driver.find_elements(By.CSS_SELECTOR, "#nbest li")
             assert len(nbest) == min(3, loaded.cfg.beam_size)
             assert nbest[0].text.startswith(expected)
-            # and the server answered that one request (counted just after its answer is sent)
+            # and the server answered that one request (counted just after its answer is sent;
+            # the test's own requests below come after)
             wait.until(lambda d: translate_requests(app) >= 1)
             assert app.state.metrics.requests.labels("/translate", "200")._value.get() == 1
             assert translate_requests(app) == 1
+            # the words marked are those with a piece under the threshold, by the API's numbers
+            low = driver.execute_script("return LOW_PROB")
+            scored = post_json(url + "/translate", {k: v for k, v in body.items() if k != "stream"})
+            item = scored["translations"][0]
+            assert item["tgt"] == expected
+            marked = low_words(item, low)
+            assert [(e.text, e.get_attribute("title"))
+                    for e in driver.find_elements(By.CSS_SELECTOR, "#out .low")] == [
+                (w, f"probability {p:.2f} (a piece of this word; marked under {low:g})")
+                for w, p in marked]
             shot = tmp_path / "desktop.png"
             driver.save_screenshot(str(shot))
             canvas = driver.find_element(By.ID, "heatmap")
@@ -118,6 +136,34 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             assert app.state.metrics.sentences._value.get() - before[0] == 1
             wait.until(lambda d: translate_requests(app) > before[1])
             assert translate_requests(app) - before[1] == 1
+            item2 = post_json(url + "/translate", {**{k: v for k, v in body.items() if k != "stream"},
+                                                   "q": [second]})["translations"][0]
+            assert [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#out .low")] == [
+                w for w, _ in marked + low_words(item2, low)]
+
+            # the page's reader of server-sent events, on a stream cut mid-line and mid-character
+            raw = ('event: prefix\ndata: {"index":0,"text":"ein H\u00fc","pieces":2}\n\n'
+                   'event: done\r\ndata: {"translatedText":["x"]}\r\n\r\n').encode()
+            cuts = [0, 9, 40, 44, 45, len(raw) - 3, len(raw)]  # 44-45 splits the two bytes of "ü"
+            events = driver.execute_async_script(
+                "const [chunks, done] = [arguments[0], arguments[arguments.length - 1]];"
+                "const body = new ReadableStream({start(c) {"
+                "  for (const k of chunks) c.enqueue(new Uint8Array(k)); c.close(); }});"
+                "const seen = [];"
+                "readEvents(new Response(body), (e, d) => seen.push([e, d])).then(() => done(seen));",
+                [list(raw[a:b]) for a, b in zip(cuts, cuts[1:])])
+            assert events == [["prefix", {"index": 0, "text": "ein Hü", "pieces": 2}],
+                              ["done", {"translatedText": ["x"]}]]
+            # words of several pieces, hand-built: marked when any piece is under the threshold
+            made = {"tgt": "ein Hund rennt.", "pieces": ["\u2581ein", "\u2581Hu", "nd", "\u2581rennt", "."],
+                    "token_probs": [0.9, 0.8, 0.3, 0.7, 0.45, 0.99]}
+            assert low_words(made, low) == [("Hund", 0.3), ("rennt.", 0.45)]
+            shown = driver.execute_script(
+                "fillOut([arguments[0]]); const out = document.getElementById('out');"
+                "return [out.textContent, [...out.querySelectorAll('.low')].map((e) => e.textContent)]",
+                made)
+            assert shown == [made["tgt"], ["Hund", "rennt."]]
+            driver.execute_script("fillOut(state.last.translations)")
 
             driver.set_window_size(390, 844)  # a phone
             overflow = driver.execute_script(
@@ -128,6 +174,29 @@ def test_typing_shows_translation_nbest_and_heatmap(model_dir, tmp_path):
             assert not_blank(image(phone))
         finally:
             driver.quit()
+
+
+def post_json(url: str, body: dict) -> dict:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+
+
+def low_words(item: dict, threshold: float) -> list[tuple[str, float]]:
+    """The words of `item["tgt"]` one of whose pieces has a probability under `threshold`, with
+    their lowest; a piece that starts with U+2581 starts a word."""
+    groups: list[list[float]] = []
+    for piece, p in zip(item["pieces"], item["token_probs"]):
+        if not groups or piece.startswith("\u2581"):
+            groups.append([])
+        groups[-1].append(p)
+    words = item["tgt"].split(" ") if item["tgt"] else []
+    # EOS's probability is last when the search ended the translation (not at its length limit)
+    assert len(words) == len(groups) and len(item["token_probs"]) - len(item["pieces"]) in (0, 1)
+    return [(w, min(g)) for w, g in zip(words, groups) if min(g) < threshold]
 
 
 def type_keys(driver, box, keys: str, pause_ms: int) -> None:

@@ -345,6 +345,8 @@ def translation_item(served: ServedModel, text: str, src: list[int], hyps: list,
     if scores:
         item["logprob"] = best.get("logprob")
         item["token_probs"] = best.get("token_probs", [])
+        # the pieces the probabilities are of (EOS's has none), so a client can group them by word
+        item["pieces"] = served.tgt_pieces(hyps[0].tokens) if hyps else []
     if alignment and hyps and src:
         att = served.attention(text, src, hyps[0])
         item["attention"] = {"src_pieces": att.src_pieces, "tgt_pieces": att.tgt_pieces,
