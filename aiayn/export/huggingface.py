@@ -169,20 +169,20 @@ def to_huggingface(model: Any, max_positions: int = DEFAULT_MAX_POSITIONS) -> An
         biases = linear.bias.split(d) if linear.bias is not None else [None] * parts
         return list(zip(linear.weight.split(d), biases))
 
-    hf.model.shared.weight.copy_(f32(model.src_embed.weight)[:, p])  # also lm_head: tied
-    for ours, theirs in zip(model.encoder, hf.model.encoder.layers):
+    def self_attention(theirs, ours) -> None:  # a layer's self-attention, encoder or decoder
         for dst, (w, b) in zip((theirs.self_attn.q_proj, theirs.self_attn.k_proj,
                                 theirs.self_attn.v_proj), split(ours.self_attn.qkv_proj, 3)):
             reads(dst, w, b)
         writes(theirs.self_attn.out_proj, ours.self_attn.out_proj.weight, ours.self_attn.out_proj.bias)
+
+    hf.model.shared.weight.copy_(f32(model.src_embed.weight)[:, p])  # also lm_head: tied
+    for ours, theirs in zip(model.encoder, hf.model.encoder.layers):
+        self_attention(theirs, ours)
         norm(theirs.self_attn_layer_norm, ours.res_attn.norm)
         ffn(theirs, ours)
         norm(theirs.final_layer_norm, ours.res_ffn.norm)
     for ours, theirs in zip(model.decoder, hf.model.decoder.layers):
-        for dst, (w, b) in zip((theirs.self_attn.q_proj, theirs.self_attn.k_proj,
-                                theirs.self_attn.v_proj), split(ours.self_attn.qkv_proj, 3)):
-            reads(dst, w, b)
-        writes(theirs.self_attn.out_proj, ours.self_attn.out_proj.weight, ours.self_attn.out_proj.bias)
+        self_attention(theirs, ours)
         norm(theirs.self_attn_layer_norm, ours.res_self.norm)
         reads(theirs.encoder_attn.q_proj, ours.cross_attn.q_proj.weight, ours.cross_attn.q_proj.bias)
         for dst, (w, b) in zip((theirs.encoder_attn.k_proj, theirs.encoder_attn.v_proj),
