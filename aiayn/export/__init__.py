@@ -11,6 +11,9 @@ command says what to install.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from aiayn.config import MAX_SEQUENCE
 from aiayn.errors import UserError
 
@@ -19,3 +22,12 @@ def check_max_positions(n: int | None) -> None:
     """Refuse (one line) a `--max-positions` that sizes no sane position table (None: the default)."""
     if n is not None and not 2 <= n <= MAX_SEQUENCE:
         raise UserError(f"--max-positions must be between 2 and {MAX_SEQUENCE}, got {n}")
+
+
+def require(module: str, needed_by: str, install: str) -> Any:
+    """An exporter's optional package, imported where it is used (each is large): a one-line
+    UserError naming what to install when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{needed_by} needs the {module} package: pip install {install}") from None

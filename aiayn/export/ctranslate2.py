@@ -40,7 +40,7 @@ from typing import Any, Sequence
 from aiayn.config import Config
 from aiayn.data.model_dir import TOKENIZER_FILES, load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
-from aiayn.export import check_max_positions
+from aiayn.export import check_max_positions, require
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -54,12 +54,7 @@ FILES = ("model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", *TOK
 
 
 def require_ctranslate2() -> Any:
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError("exporting to CTranslate2 needs the ctranslate2 package: "
-                        "pip install 'aiayn[export]'") from None
-    return ctranslate2
+    return require("ctranslate2", "exporting to CTranslate2", "'aiayn[export]'")
 
 
 def check_exportable(cfg: Config) -> None:

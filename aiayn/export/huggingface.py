@@ -56,7 +56,7 @@ import torch
 from aiayn.config import Config
 from aiayn.data.model_dir import load_model, read_config
 from aiayn.errors import UserError
-from aiayn.export import check_max_positions
+from aiayn.export import check_max_positions, require
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
@@ -70,13 +70,7 @@ FILES = ("config.json", "generation_config.json", "model.safetensors", "model-*-
 
 
 def require_transformers() -> Any:
-    """The transformers package, imported where it is used (large, and optional)."""
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("exporting to Hugging Face needs the transformers package: pip install "
-                        "'aiayn[huggingface]'") from None
-    return transformers
+    return require("transformers", "exporting to Hugging Face", "'aiayn[huggingface]'")
 
 
 def model_class(cfg: Config) -> str:

@@ -23,7 +23,6 @@ attention (its ring-buffer cache).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import shutil
@@ -38,7 +37,7 @@ from torch import Tensor, nn
 from aiayn.config import Config
 from aiayn.data.model_dir import CONFIG_FILE, TOKENIZER_FILES, load_model, read_config, tokenizer_files
 from aiayn.errors import UserError
-from aiayn.export import check_max_positions
+from aiayn.export import check_max_positions, require
 from aiayn.files import write_dir_atomically
 from aiayn.locks import output_directory
 from aiayn.model.embedding import sinusoidal_table
@@ -50,13 +49,8 @@ ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
 FILES = (ENCODER, DECODER, CONFIG_FILE, *TOKENIZER_FILES)
 
 
-def require(module: str, extra: str = "onnx") -> Any:
-    """An optional package, imported where it is used (onnxruntime and onnxscript are large)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UserError(f"the ONNX export needs the {module} package: pip install "
-                        f"'aiayn[{extra}]'") from None
+def require_onnx(module: str) -> Any:
+    return require(module, "the ONNX export", "'aiayn[onnx]'")
 
 
 def check_exportable(cfg: Config) -> None:
@@ -137,7 +131,7 @@ def _quiet_exporter():
 
 def export_graphs(model: nn.Module, out: Path, max_positions: int = DEFAULT_MAX_POSITIONS) -> None:
     """Write encoder.onnx and decoder.onnx of `model` (an aiayn `Transformer`, float32) into `out`."""
-    require("onnxscript")  # what torch.onnx.export builds graphs with
+    require_onnx("onnxscript")  # what torch.onnx.export builds graphs with
     cfg: Config = model.cfg
     check_exportable(cfg)
     model = model.float().eval()
@@ -191,7 +185,7 @@ class OnnxGreedy:
     tokens, EOS included). Sentences of a batch that end leave it, so they cost nothing more."""
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        ort = require("onnxruntime")
+        ort = require_onnx("onnxruntime")
         d = Path(directory)
         self.cfg = read_config(d)
         options = ort.SessionOptions()
