@@ -129,9 +129,9 @@ def test_retired_names_are_hidden_and_outputs_durations_follow_the_convention():
 
 def test_no_option_a_command_would_ignore():
     parse, translate = options(PARSERS["aiayn parse"]), options(PARSERS["aiayn translate"])
-    assert not [f for f in parse if f.startswith("--alignment") or f == "--nbest"]
+    assert not [f for f in parse if f.startswith("--alignment") or f in ("--nbest", "--glossary")]
     assert {"--alignment", "--alignment-layer", "--alignment-head", "--alignment-unit",
-            "--nbest"} <= set(translate)
+            "--nbest", "--glossary"} <= set(translate)
 
 
 @pytest.mark.parametrize("argv, new", [
@@ -166,6 +166,10 @@ def test_train_chart_is_retired_with_its_successor(capsys):
      "aiayn train runs in auto, fp32, bf16, fp16"),
     (["translate", "--model", "{tmp}/m", "--precision", "fp16"],
      "aiayn translate runs in auto, fp32, bf16, int8"),
+    (["translate", "--model", "{tmp}/m", "--glossary", "{tmp}/r", "--alignment", "hard"],
+     "--glossary does not combine with --alignment"),
+    (["translate", "--model", "{tmp}/m", "--glossary", "{tmp}/r"],
+     "line 1: expected 'source term<TAB>target term'"),  # read before the (missing) model
     (["parse", "--model", "{tmp}/m", "--precision", "fp16"], "aiayn parse runs in"),
     (["demo", "--out", "{tmp}/g", "--precision", "int8"], "aiayn demo runs in"),
     (["demo", "--out", "{tmp}/g", "--keep", "0"], "--keep must be >= 1, got 0"),

@@ -39,6 +39,20 @@ and each output line is its paragraph's translations joined by spaces (a blank l
 a sentence longer than the model takes is cut into parts between words, never truncated.
 Details: aiayn/decoding/documents.py.
 
+With `--glossary FILE` (not in the paper) the translation of a line that contains a glossary's
+source term holds its target term: the file has one `source term<TAB>target term` a line (UTF-8;
+blank lines and lines starting with `#` skipped), a term matches whole words, case-sensitive, and
+the search is lexically constrained (aiayn/decoding/constraints.py); a line with no term is
+searched as without it. It is read, and a malformed line refused naming the file and line, before
+the model is; a line whose terms take more target pieces than its maximum output length is one
+line naming it. It holds in every output but `--alignment`'s (refused). With `--documents` each
+sentence gets the terms of its own text.
+
+At a terminal (stdin and stdout), interactive mode shows each translation as it settles: the
+words the search is sure its best translation starts with, written as they grow and then
+replaced by the full translation (plain text only; with `--nbest`, `--format jsonl`,
+`--alignment`, `--documents`, or stdout not a terminal, only the final lines are written).
+
 Search defaults come from the model's config (the paper's: beam 4, alpha 0.6, maximum output
 length = source length + 50, both lengths counting EOS). Inputs longer than the model can take
 (`--max-src-tokens`, and `max_positions` for learned positions) are truncated, with a warning on
@@ -49,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Callable
 
 from aiayn.commands.common import (
     STREAM_LINES,
@@ -64,11 +79,17 @@ from aiayn.commands.common import (
 from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
 
+if TYPE_CHECKING:
+    from aiayn.decoding.common import Hypothesis
+    from aiayn.decoding.glossary import Glossary
+    from aiayn.decoding.translate import Translator
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     set_examples(p, "aiayn translate --model runs/m30k/model --input test.en --output test.hyp.de",
                  "aiayn translate --model runs/m30k/model --input test.en --nbest 4",
                  "aiayn translate --model runs/m30k/model --input test.en --alignment hard",
+                 "aiayn translate --model runs/m30k/model --input test.en --glossary terms.tsv",
                  "echo 'A man rides a bike.' | aiayn translate --model runs/m30k/model",
                  "aiayn translate --model runs/m30k/model        # at a terminal: interactive")
     p.add_argument("--model", required=True, nargs="+", metavar="DIR",
@@ -84,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="text: translations (or n-best rows, or alignments) as lines (default); "
                         "jsonl: one JSON object per input line, with the sentence's score, "
                         "log-probability and per-piece probabilities")
+    p.add_argument("--glossary", metavar="FILE",
+                   help="fix the translation of terms (not in the paper): UTF-8 lines 'source "
+                        "term<TAB>target term'; a line holding a source term (whole words, "
+                        "case-sensitive) gets a translation holding its target term, by "
+                        "lexically constrained beam search; lines without one translate as "
+                        "without it (docs/guides/decoding.md)")
     d = p.add_argument_group("documents")
     d.add_argument("--documents", action="store_true",
                    help="each input line is a paragraph: split it into sentences, translate them "
@@ -94,15 +121,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("interaction")
     o.add_argument("--interactive", action="store_true",
                    help="prompt and translate each line as it is typed (the default when stdin "
-                        "is a terminal and there is no --input)")
+                        "is a terminal and there is no --input); at a terminal each translation "
+                        "is shown as it settles")
     o.add_argument("--progress", action="store_true",
                    help="show progress on stderr: a bar at a terminal (the default there), a "
                         "line every 30 seconds in a log")
 
 
 def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None = None,
-                 fmt: str = "text", documents: str | None = None) -> int:
+                 fmt: str = "text", documents: str | None = None,
+                 glossary: Glossary | None = None) -> int:
+    """Prompt on stderr and translate each line read from stdin; a line that cannot be read or
+    whose glossary terms cannot fit is one line on stderr and skipped. With plain text out to a
+    terminal each translation is shown as it settles (`show_settling`)."""
+    import shutil
+
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
+    settling = (nbest is None and align is None and fmt == "text" and documents is None
+                and sys.stdout.isatty())
     n = 0
     while True:
         sys.stderr.write("> ")
@@ -117,21 +153,85 @@ def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None =
         except UnicodeDecodeError:
             print(f"error: line {n}: invalid UTF-8, skipped", file=sys.stderr)
             continue
-        _write_results(sys.stdout, translator, [line], nbest, False, first_line=n, align=align,
-                       fmt=fmt, documents=documents)
+        try:
+            if settling:
+                show_settling(sys.stdout, translator, line, glossary, n,
+                              shutil.get_terminal_size().columns)
+            else:
+                _write_results(sys.stdout, translator, [line], nbest, False, first_line=n,
+                               align=align, fmt=fmt, documents=documents, glossary=glossary)
+        except UserError as e:  # a line whose glossary terms cannot fit
+            print(f"error: {e}; skipped", file=sys.stderr)
         sys.stdout.flush()
+
+
+# At a terminal: back to the line's start and clear it, so a longer text replaces a shorter one
+CLEAR_LINE = "\r\x1b[K"
+
+
+def translate_settling(translator: Translator, line: str, on_settled: Callable[[list[int]], None],
+                       glossary: Glossary | None = None, first_line: int = 1
+                       ) -> list[Hypothesis]:
+    """Translate one line through an engine of its own (`SearchEngine.run`), calling
+    `on_settled(pieces)` each time the settled prefix of its translation grows (after a step,
+    `SearchEngine.settled`: the pieces its final best translation is sure to start with); the
+    line's hypotheses, best first, as `Translator.hypotheses` finds them (`glossary`: its
+    phrases; `first_line`: the line's number in messages)."""
+    sources = translator.prepare([line], first_line)
+    phrases = (None if glossary is None
+               else translator.phrases([line], sources, glossary, first_line)[0])
+    engine = translator.engine(1, lexical=glossary is not None)
+
+    def feed(idle: bool) -> bool:
+        engine.submit(0, sources[0], phrases)
+        return False
+
+    found: list[Hypothesis] = []
+    shown = 0
+    for finished in engine.run(feed):
+        for _, hyps in finished:
+            found = hyps
+        for _, prefix in engine.settled():
+            if len(prefix) > shown:
+                shown = len(prefix)
+                on_settled(list(prefix))
+    return found
+
+
+def show_settling(out, translator: Translator, line: str, glossary: Glossary | None = None,
+                  first_line: int = 1, width: int = 80) -> None:
+    """Write one line's translation to the terminal `out` as it settles (`translate_settling`),
+    each text over the last (`CLEAR_LINE`, cut to its last `width - 1` characters so that it
+    stays on one row), then the full translation and a newline."""
+    shown = ""
+
+    def show(pieces: list[int]) -> None:
+        nonlocal shown
+        text = translator.detokenize(pieces)
+        if text != shown:
+            shown = text
+            room = max(width - 1, 2)
+            out.write(CLEAR_LINE + (text if len(text) <= room else "…" + text[1 - room:]))
+            out.flush()
+
+    hyps = translate_settling(translator, line, show, glossary, first_line)
+    final = translator.detokenize(hyps[0].tokens) if hyps else ""
+    out.write((CLEAR_LINE if shown else "") + final + "\n")
 
 
 def _write_results(out, translator, lines: list[str], nbest: int | None, progress: bool,
                    first_line: int = 1, align: tuple[str, dict] | None = None,
-                   fmt: str = "text", documents: str | None = None) -> None:
-    """`documents`: the sentence language of `--documents` (each line a paragraph), else None."""
+                   fmt: str = "text", documents: str | None = None,
+                   glossary: Glossary | None = None) -> None:
+    """`documents`: the sentence language of `--documents` (each line a paragraph), else None;
+    `glossary`: `--glossary`'s (never with `align`)."""
     from aiayn.decoding.translate import format_nbest
 
     if documents is not None:
         from aiayn.decoding.documents import translate_paragraphs
 
-        for text in translate_paragraphs(translator, lines, documents, progress):
+        for text in translate_paragraphs(translator, lines, documents, progress, glossary,
+                                         first_line):
             out.write(text + "\n")
         return
     if fmt == "jsonl":
@@ -144,7 +244,8 @@ def _write_results(out, translator, lines: list[str], nbest: int | None, progres
                                        [hyp] if hyp is not None else [], None,
                                        a.format(mode)) + "\n")
             return
-        found = translator.search(translator.prepare(lines, first_line), nbest or 1, progress)
+        found = translator.hypotheses(lines, nbest or 1, progress, first_line,
+                                      glossary=glossary)
         for i, (line, hyps) in enumerate(zip(lines, found)):
             out.write(jsonl_record(translator, first_line - 1 + i, line, hyps, nbest) + "\n")
         return
@@ -153,11 +254,12 @@ def _write_results(out, translator, lines: list[str], nbest: int | None, progres
         for a in translator.align(lines, progress=progress, first_line=first_line, **kwargs):
             out.write(f"{a.translation} ||| {a.format(mode)}\n")
     elif nbest:
-        for i, entries in enumerate(translator.translate_nbest(lines, nbest, progress, first_line)):
+        for i, entries in enumerate(translator.translate_nbest(lines, nbest, progress, first_line,
+                                                                glossary=glossary)):
             for row in format_nbest(first_line - 1 + i, entries):
                 out.write(row + "\n")
     else:
-        for text in translator.translate(lines, progress, first_line):
+        for text in translator.translate(lines, progress, first_line, glossary=glossary):
             out.write(text + "\n")
 
 
@@ -197,14 +299,18 @@ def _translate(args: argparse.Namespace) -> int:
         raise UserError("--sentence-language splits --documents into sentences; add --documents")
     if args.alignment and len(args.model) > 1:
         raise UserError("--alignment reads one model's attention; give one --model")
+    if args.glossary is not None and args.alignment:
+        raise UserError("--glossary does not combine with --alignment; drop one of them")
     interactive = args.interactive or (args.input is None and sys.stdin.isatty())
     if interactive and args.input is not None:
         raise UserError("--interactive reads the terminal; drop --input")
     if interactive and args.output is not None:
         raise UserError("--interactive writes to the terminal; drop --output")
     from aiayn.data.model_dir import read_config
+    from aiayn.decoding.glossary import read_glossary
 
     # Every check that needs no model weights comes before the slow work.
+    glossary = None if args.glossary is None else read_glossary(args.glossary)
     cfg = read_config(args.model[0])
     settings = search_settings(args, cfg)
     align = _alignment_options(args, cfg)
@@ -213,6 +319,8 @@ def _translate(args: argparse.Namespace) -> int:
     groups = None if interactive else input_groups(args.input, STREAM_LINES)
 
     translator = translator_from_args(args, "translate", settings)
+    if glossary is not None:
+        _unfitting_terms_in_one_line(translator)
     documents = None
     if args.documents:
         from aiayn.decoding.documents import DEFAULT_LANGUAGE
@@ -220,15 +328,31 @@ def _translate(args: argparse.Namespace) -> int:
         meta = getattr(translator.loaded, "meta", None) or {}
         documents = args.sentence_language or meta.get("src_lang") or DEFAULT_LANGUAGE
     if interactive:
-        return _interactive(translator, args.nbest, align, args.format, documents)
+        return _interactive(translator, args.nbest, align, args.format, documents, glossary)
     progress = args.progress or sys.stderr.isatty()
     if args.output is None:
         _stream(sys.stdout, translator, groups, args.nbest, progress, align, args.format,
-                documents)
+                documents, glossary)
     else:
         with atomic_write(args.output, "w") as f:
-            _stream(f, translator, groups, args.nbest, progress, align, args.format, documents)
+            _stream(f, translator, groups, args.nbest, progress, align, args.format, documents,
+                    glossary)
     return 0
+
+
+def _unfitting_terms_in_one_line(translator: Translator) -> None:
+    """Make `translator.phrases`'s ValueError (a line whose glossary terms take more target
+    pieces than its translation may hold) a UserError: at the command line it is the input's
+    fault, one line naming the line and exit 2; any other ValueError stays a bug's."""
+    phrases = translator.phrases
+
+    def checked(*args, **kwargs):
+        try:
+            return phrases(*args, **kwargs)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+
+    translator.phrases = checked
 
 
 def jsonl_record(translator, index: int, line: str, hyps: list, nbest: int | None,
@@ -251,13 +375,13 @@ def jsonl_record(translator, index: int, line: str, hyps: list, nbest: int | Non
 
 
 def _stream(out, translator, groups, nbest: int | None, progress: bool,
-            align: tuple[str, dict] | None, fmt: str = "text", documents: str | None = None
-            ) -> None:
+            align: tuple[str, dict] | None, fmt: str = "text", documents: str | None = None,
+            glossary: Glossary | None = None) -> None:
     """Translate the input as it comes and write each line's result as soon as it and every line
     before it are done (flushed: a reader at the other end of a pipe sees them at once), through
     one decoding engine for the whole input (`Translator.stream`). Alignments are made a group
     of lines at a time (`Translator.align`), and so are documents (their sentences searched
-    together, `aiayn.decoding.documents`)."""
+    together, `aiayn.decoding.documents`). `glossary`: every line's phrases (not with `align`)."""
     from aiayn.decoding.translate import format_nbest
     from aiayn.progress import Progress
 
@@ -266,7 +390,7 @@ def _stream(out, translator, groups, nbest: int | None, progress: bool,
             first = 1
             for lines in groups:
                 _write_results(out, translator, lines, nbest, False, first_line=first, align=align,
-                               fmt=fmt, documents=documents)
+                               fmt=fmt, documents=documents, glossary=glossary)
                 out.flush()
                 first += len(lines)
                 bar.update(len(lines))
@@ -283,7 +407,7 @@ def _stream(out, translator, groups, nbest: int | None, progress: bool,
 
         if fmt == "jsonl":
             groups = kept(groups)
-        for ready in translator.stream(groups, nbest or 1):
+        for ready in translator.stream(groups, nbest or 1, glossary=glossary):
             for index, hyps in ready:
                 if fmt == "jsonl":
                     out.write(jsonl_record(translator, index, sources.pop(index), hyps, nbest)

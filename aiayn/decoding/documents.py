@@ -15,11 +15,18 @@ A sentence longer than the model can take (`Translator.max_src_tokens`: pieces +
 truncated as `Translator.prepare` truncates a line: its pieces are cut into parts that fit,
 each cut before a piece that starts a word where there is one (`split_pieces`), and the parts'
 translations are joined by spaces.
+
+With a glossary (aiayn/decoding/glossary.py), the terms found in each sentence's text, or in a
+part's own text for a sentence cut into parts, become its phrases (`Translator.phrases`): a term
+that straddles a cut applies to neither part.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from aiayn.decoding.glossary import Glossary
 
 # sentencex's fallback chain ends in English rules, which suit most languages written with
 # Latin script.
@@ -56,11 +63,14 @@ def split_pieces(ids: Sequence[int], keep: int, starts_word: Callable[[int], boo
 
 
 def translate_paragraphs(translator: Any, paragraphs: Sequence[str],
-                         language: str = DEFAULT_LANGUAGE, progress: bool = False) -> list[str]:
+                         language: str = DEFAULT_LANGUAGE, progress: bool = False,
+                         glossary: Glossary | None = None, first_line: int = 1) -> list[str]:
     """One translation per paragraph, in order (a blank paragraph gives ""): the paragraphs'
     sentences, and the parts of those too long for the model (`split_pieces`), searched
     together through `translator` (`aiayn.decoding.translate.Translator`), best hypothesis
-    each, joined by spaces."""
+    each, joined by spaces. `glossary`: each sentence's (or part's) translation holds the
+    target terms of the source terms in its own text; ValueError naming the paragraph's line
+    (numbered from `first_line`) when they cannot fit (`Translator.phrases`)."""
     tok = translator.src_tokenizer
     keep = translator.max_src_tokens - 1  # room for EOS
 
@@ -69,16 +79,23 @@ def translate_paragraphs(translator: Any, paragraphs: Sequence[str],
 
     sources: list[list[int]] = []
     owner: list[int] = []  # the paragraph of each source
+    texts: list[str] = []  # the text of each source, where a glossary's terms are looked for
     for p, paragraph in enumerate(paragraphs):
         for sentence in split_sentences(paragraph, language):
             ids = list(tok.encode(sentence))
-            for part in split_pieces(ids, keep, starts_word) if ids else []:
+            parts = split_pieces(ids, keep, starts_word) if ids else []
+            for part in parts:
                 sources.append(part)
                 owner.append(p)
-    found = translator.search(sources, 1, progress)
-    texts: list[list[str]] = [[] for _ in paragraphs]
+                texts.append(sentence if len(parts) == 1 else tok.decode(part))
+    phrases = None
+    if glossary is not None:
+        phrases = [translator.phrases([text], [src], glossary, first_line + p)[0]
+                   for text, src, p in zip(texts, sources, owner)]
+    found = translator.search(sources, 1, progress, phrases=phrases)
+    out: list[list[str]] = [[] for _ in paragraphs]
     for p, hyps in zip(owner, found):
         text = translator.detokenize(hyps[0].tokens) if hyps else ""
         if text:
-            texts[p].append(text)
-    return [" ".join(t) for t in texts]
+            out[p].append(text)
+    return [" ".join(t) for t in out]
