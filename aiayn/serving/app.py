@@ -10,6 +10,12 @@ a client that goes away before its answer loses its place in the queue.
 (`event: prefix`) whenever it grows, then `event: done` with the JSON of the plain response. A
 refusal before the stream starts is the usual JSON 4xx; a failure after it (the timeout, a
 shutdown) is one `event: error` with the one-line `{"error": ...}`.
+
+`"glossary"`: each text's target phrases come from `Translator.phrases` (a text whose terms
+cannot fit its translation is a 400 naming it), and a request with any goes to a lexically
+constrained engine of its own (`SearchKey.glossary`); a request with none is searched exactly as
+without a glossary. `"format": "document"`: each text a document (aiayn/serving/documents.py),
+its sentences one job like any other.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.decoding.documents import DEFAULT_LANGUAGE
+from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.translate import confidence
 from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown
+from aiayn.serving.documents import Documents, join_documents, split_documents
 from aiayn.serving.metrics import Metrics
 from aiayn.serving.model import SearchKey, ServedModel
 from aiayn.serving.schema import RequestError, TranslateRequest, decode_json, parse_translate
@@ -216,10 +225,20 @@ def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
             raise RequestError(501, "alignment: this server serves an ensemble, whose members "
                                     "attend each their own way; serve one model for alignments")
         texts = req.texts
-        ids, warnings = served.prepare(texts)
+        docs: Documents | None = None
+        if req.document:
+            docs = split_documents(served.base, texts, sentence_language(served, req))
+            if len(docs.sentences) > settings.max_queue:
+                raise RequestError(413, f"q: {len(docs.sentences)} sentences in the documents; "
+                                        f"this server takes at most {settings.max_queue} per "
+                                        f"request")
+            ids, warnings = [s.ids for s in docs.sentences], []
+        else:
+            ids, warnings = served.prepare(texts)
+        phrases = glossary_phrases(served, req, texts, ids, docs)
         key = SearchKey(req.beam_size or served.default_beam,
                         served.default_alpha if req.alpha is None else float(req.alpha), req.nbest,
-                        req.alignment)
+                        req.alignment, glossary=phrases is not None)
         prefixes: asyncio.Queue | None = None
         on_prefix = None
         if req.stream:
@@ -228,7 +247,7 @@ def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
             def on_prefix(i: int, tokens: list) -> None:  # the model worker's thread
                 loop.call_soon_threadsafe(prefixes.put_nowait, (i, tokens))
         try:
-            job = batcher.submit(key, ids, on_prefix)
+            job = batcher.submit(key, ids, on_prefix, phrases)
         except QueueFull as e:
             raise RequestError(503, f"busy: {e}; retry later",
                                {"Retry-After": str(settings.retry_after_s)}) from None
@@ -236,7 +255,8 @@ def create_app(served: ServedModel, settings: ServeSettings = ServeSettings(),
             raise RequestError(503, str(e)) from None
 
         def answer(found: list) -> dict[str, Any]:
-            body = response_body(served, req, ids, found, warnings)
+            body = (response_body(served, req, ids, found, warnings) if docs is None
+                    else document_body(served, req, docs, found))
             metrics.latency.observe(time.perf_counter() - start)
             return body
 
@@ -263,6 +283,50 @@ def response_body(served: ServedModel, req: TranslateRequest, ids: list[list[int
     if warnings:
         body["warnings"] = warnings
     return body
+
+
+def document_body(served: ServedModel, req: TranslateRequest, docs: Documents, found: list
+                  ) -> dict[str, Any]:
+    """The JSON of a `"format": "document"` answer: per document its translation and its
+    sentences, each as a text's entry of `response_body` with the `line` it is on (0-based)."""
+    items = [translation_item(served, s.text, s.ids, hyps, False, req.scores)
+             for s, hyps in zip(docs.sentences, found)]
+    joined = join_documents(docs, [item["tgt"] for item in items])
+    entries: list[dict[str, Any]] = [{"src": text, "tgt": tgt, "sentences": []}
+                                     for text, tgt in zip(req.texts, joined)]
+    for s, item in zip(docs.sentences, items):
+        entries[s.document]["sentences"].append({"line": s.line, **item})
+    return {"translatedText": joined[0] if isinstance(req.q, str) else joined,
+            "translations": entries}
+
+
+def sentence_language(served: ServedModel, req: TranslateRequest) -> str:
+    """The language whose rules split documents into sentences: the request's `source`, else
+    the model's source language, else sentencex's default (as `aiayn translate --documents`)."""
+    asked = None if req.source in (None, "auto") else req.source
+    return asked or served.src_lang or DEFAULT_LANGUAGE
+
+
+def glossary_phrases(served: ServedModel, req: TranslateRequest, texts: list[str],
+                     ids: list[list[int]], docs: Documents | None) -> list | None:
+    """Per sentence searched, the glossary's target phrases (`ServedModel.phrases`), or None
+    when no sentence has any: then the search is the paper's, exactly as without a glossary.
+    A sentence whose terms cannot fit its translation is a 400 naming its text (and line)."""
+    pairs = req.glossary_pairs
+    if not pairs:
+        return None
+    glossary = Glossary.of(pairs)
+    if docs is None:
+        units = [(text, src, f"q[{i}]") for i, (text, src) in enumerate(zip(texts, ids))]
+    else:
+        units = [(s.text, s.ids, f"q[{s.document}] line {s.line + 1}") for s in docs.sentences]
+    phrases = []
+    for text, src, where in units:
+        try:
+            phrases.append(served.phrases(text, src, glossary))
+        except ValueError as e:
+            raise RequestError(400, f"{where}: {e}") from None
+    return phrases if any(phrases) else None
 
 
 def sse(event: str, data: dict) -> str:

@@ -21,6 +21,9 @@ Ray Serve) are servers of their own; inside one uvicorn process the job is a que
   it also waits until `max_wait` after that: clients that send their next request as soon as
   they have an answer (a closed loop) then join the others instead of settling into groups that
   take turns.
+- A glossary: a job submitted with `phrases` (one list per sentence, the target phrases its
+  translation must contain) hands each sentence's to its engine's `submit`, a lexically
+  constrained engine's (the server gives such jobs a key of their own, `SearchKey.glossary`).
 - Streaming: a job submitted with `on_prefix` is told, after each step, the settled prefix of
   each of its sentences (pieces every hypothesis still in contention shares, so its final
   translation starts with them: `SearchEngine.settled`) whenever it has grown, and a sentence's
@@ -94,6 +97,7 @@ class Job:
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.monotonic)
     on_prefix: PrefixCallback | None = None  # streaming (module doc)
+    phrases: list | None = None  # per sentence its target phrases, for a lexical engine
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ class _Running:
 
 class Batcher:
     """One worker thread stepping one engine per search key (`engine(key)`: an object with
-    `submit(key, ids)`, `joinable(groups) -> int`, `step() -> [(key, result), ...]` and `busy`,
+    `submit(key, ids)` (`submit(key, ids, phrases)` for a job with phrases), `joinable(groups)
+    -> int`, `step() -> [(key, result), ...]` and `busy`,
     as `aiayn.decoding.engine.SearchEngine`) over the jobs' sentences.
 
     max_wait: seconds the oldest waiting job may wait for company while nothing is decoded;
@@ -158,9 +163,14 @@ class Batcher:
         return self._pending
 
     def submit(self, key: Hashable, sources: Sequence[Sequence[int]],
-               on_prefix: PrefixCallback | None = None) -> Job:
-        """Queue a job; `on_prefix`: stream its settled prefixes (module doc)."""
-        job = Job(key, [list(s) for s in sources], on_prefix=on_prefix)
+               on_prefix: PrefixCallback | None = None,
+               phrases: Sequence[Sequence[Sequence[int]]] | None = None) -> Job:
+        """Queue a job; `on_prefix`: stream its settled prefixes; `phrases`: per sentence, the
+        target phrases its translation must contain (module doc)."""
+        if phrases is not None and len(phrases) != len(sources):
+            raise ValueError(f"{len(phrases)} lists of phrases for {len(sources)} sentences")
+        job = Job(key, [list(s) for s in sources], on_prefix=on_prefix,
+                  phrases=None if phrases is None else [[list(p) for p in ps] for ps in phrases])
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -277,7 +287,10 @@ class Batcher:
             self._running[job.key][id(job)] = _Running(job, [None] * len(job.sources),
                                                        len(job.sources), [0] * len(job.sources))
             for i, ids in enumerate(job.sources):
-                engine.submit((id(job), i), ids)
+                if job.phrases is None:
+                    engine.submit((id(job), i), ids)
+                else:
+                    engine.submit((id(job), i), ids, job.phrases[i])
 
     @property
     def busy(self) -> bool:

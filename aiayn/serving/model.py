@@ -14,6 +14,7 @@ from typing import Sequence
 
 from aiayn.decoding.common import Hypothesis
 from aiayn.decoding.engine import SearchEngine
+from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.translate import Translator
 from aiayn.model.counting import count_parameters
 
@@ -26,6 +27,9 @@ class SearchKey:
     alpha: float
     nbest: int
     alignment: bool = False  # keep the attention behind the best translation (`ServedModel.attention`)
+    # a lexically constrained search: each sentence with its glossary's phrases (`phrases`); a
+    # request without any never shares it, so its search stays the paper's
+    glossary: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,15 @@ class ServedModel:
         ids = self.base.prepare(texts, warn=warnings.append)
         return ids, warnings
 
+    def phrases(self, text: str, src: Sequence[int], glossary: Glossary) -> list[list[int]]:
+        """The target phrases (piece ids) of the glossary's terms found in `text` (source ids
+        `src`), as `aiayn translate --glossary` makes them (`Translator.phrases`); ValueError,
+        one line saying why, when they take more pieces than its translation may hold."""
+        try:
+            return self.base.phrases([text], [src], glossary)[0]
+        except ValueError as e:
+            raise ValueError(str(e).removeprefix("line 1: ")) from None
+
     def translator(self, beam_size: int, alpha: float) -> Translator:
         """The base translator with a request's beam size and alpha (model worker thread)."""
         key = (beam_size, alpha)
@@ -88,9 +101,11 @@ class ServedModel:
     def search_engine(self, key: SearchKey) -> SearchEngine:
         """The decoding engine for one search setting (the model worker keeps one per key and
         feeds it every request with that key): hypotheses best first per sentence; with
-        `key.alignment` each keeps the attention `attention` reads."""
+        `key.alignment` each keeps the attention `attention` reads; with `key.glossary` a
+        lexically constrained engine, each sentence submitted with its phrases."""
         request = self.base.attention_request() if key.alignment else None
-        return self.translator(key.beam_size, key.alpha).engine(key.nbest, request)
+        return self.translator(key.beam_size, key.alpha).engine(key.nbest, request,
+                                                                lexical=key.glossary)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.base.detokenize(tokens)
