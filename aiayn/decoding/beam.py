@@ -50,13 +50,17 @@ from torch import Tensor
 from aiayn.decoding.common import (
     Hypothesis,
     StepConstraint,
+    ban_early_eos,
     best_next_tokens,
     decoder_heads,
     decoder_length_cap,
     length_penalty,
     max_output_lengths,
+    next_token_logprobs,
     resolve_mask,
+    row_topk,
 )
+from aiayn.decoding.constraints import PhraseState, round_robin
 from aiayn.decoding.search import SearchSettings
 from aiayn.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -174,7 +178,12 @@ class BeamSearch:
     it (`Hypothesis.attention`), following each beam's history through the reorderings; the
     search itself is unchanged. A constraint given to `add` (one row per sentence added) limits
     the tokens each hypothesis may write (`common.StepConstraint`); sentences that join later
-    must bring theirs too. The model should be in eval mode.
+    must bring theirs too. `phrases` given to `add` (target phrases per sentence) make the
+    search lexically constrained (aiayn/decoding/constraints.py): every complete hypothesis
+    holds its sentence's phrases, the beams dealt over banks of constraint pieces met; a search
+    is constrained from its first sentence (sentences without phrases then join with none) or
+    never, and an unconstrained one runs the paper's code unchanged. The model should be in
+    eval mode.
 
     A sentence's result does not depend on the others in the search, nor on when it joined: each
     has its own step count, output positions (a cohort of the cache, `CacheCohorts`), maximum
@@ -184,8 +193,9 @@ class BeamSearch:
     copies of one prefix.
     """
 
-    def __init__(self, model: Any, settings: SearchSettings):
+    def __init__(self, model: Any, settings: SearchSettings, continues: Tensor | None = None):
         self.model, self.settings = model, settings
+        self.continues = continues  # (V,) bool: pieces that continue a word (phrases end words)
         self.k, self.alpha, self.nbest = settings.beam_size, settings.alpha, settings.nbest
         self.attention = attention = settings.attention
         self.length_cap = decoder_length_cap(model)  # learned positions: the decoder's last
@@ -197,6 +207,8 @@ class BeamSearch:
         self.src_widths: list[int] = []  # the source positions each one's cohort holds (padded)
         self.cache: Any = None
         self.constraint: StepConstraint | None = None
+        self.phrases: PhraseState | None = None  # lexical constraints (`add`'s `phrases`)
+        self.lexical: bool | None = None  # whether this search is constrained: its first `add` says
         self.t = self.max_lens = self.bound_lp = self.raw = None  # (n,), (n,), (n,), (n, k)
         self.hist_tok = self.hist_lp = self.hist_w = self.last = None  # (n, k, W[, A, S]), (n k, 1)
         self.pool: _Pool | None = None
@@ -212,10 +224,13 @@ class BeamSearch:
 
     @torch.inference_mode()
     def add(self, src: Tensor, src_mask: Tensor | None, keys: Sequence[Hashable],
-            constraint: StepConstraint | None = None) -> None:
+            constraint: StepConstraint | None = None,
+            phrases: Sequence[Sequence[Sequence[int]]] | None = None) -> None:
         """Sentences join: src (B, S) int64 pieces + EOS, right-padded with PAD; src_mask (B, S)
         bool (default `src != PAD`); a key per sentence, handed back with its hypotheses;
-        `constraint` one row per sentence, needed exactly when the search has one."""
+        `constraint` one row per sentence, needed exactly when the search has one; `phrases`,
+        per sentence, the target phrases (piece ids) its translation must contain (a constrained
+        search's every `add` gives them, an empty list for a sentence without any)."""
         src_mask = resolve_mask(src, src_mask)
         n, k, device = src.size(0), self.k, src.device
         if n == 0:
@@ -225,11 +240,22 @@ class BeamSearch:
         if self.sentences and (constraint is None) != (self.constraint is None):
             raise ValueError("sentences that join a constrained search need a constraint, and "
                              "only those")
+        if self.lexical is None:
+            self.lexical = phrases is not None
+        elif self.lexical != (phrases is not None):
+            raise ValueError("a search with phrases takes phrases (maybe empty) for every "
+                             "sentence, and one without takes none")
+        if phrases is not None and len(phrases) != n:
+            raise ValueError(f"{n} sentences but {len(phrases)} phrase lists")
         cache = self.model.new_cache(self.model.encode(src, src_mask), src_mask)
         expand = torch.arange(n, device=device).repeat_interleave(k)  # (n k,) each sentence k beams
         cache.reorder(expand, cross_index=None)  # the k beams share the sentence's source side
         if constraint is not None:
             constraint.reorder(expand)
+        state = None
+        if phrases is not None:
+            state = PhraseState.build(phrases, device, self.continues)
+            state.reorder(expand)
         max_lens = max_output_lengths(src_mask, self.settings.max_len_a, self.settings.max_len_b,
                                       self.length_cap)
         width = max(int(max_lens.max()), 0 if self.pool is None else self.pool.tok.size(2))
@@ -248,12 +274,15 @@ class BeamSearch:
         pool = _Pool.empty(n, k, width, device, attn_shape)
         if not self.sentences:
             self.cache, self.constraint, self.pool = cache, constraint, pool
+            self.phrases = state
             for name, value in new.items():
                 setattr(self, name, value)
         else:
             self.cache = self.cache.extend(cache)  # the model's own join (`KVCache.extend`)
             if constraint is not None:
                 self.constraint.extend(constraint)
+            if state is not None:
+                self.phrases.extend(state)
             self.pool = _Pool.cat([self.pool.widen(width, s), pool], dim=0)
             for name in ("t", "max_lens", "bound_lp", "raw", "last"):
                 setattr(self, name, torch.cat([getattr(self, name), new[name]]))
@@ -289,18 +318,22 @@ class BeamSearch:
         if self.constraint is not None:
             allowed = self.constraint.allowed(self.max_lens.repeat_interleave(k) - t_rows)
         n_cand = min(2 * k, k * vocab)
-        # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they rank
-        # as log p does (raw is the beam's), so each beam's 2k best tokens hold every winner of
-        # that beam; then the best 2k of those k * 2k. The same candidates as one top-k over
-        # (n, k * V), without adding raw to all V log-probs of every row.
-        c = min(n_cand, vocab)
-        beam_lp, beam_tok = best_next_tokens(logits, c, t_rows + 1, self.settings.min_len,
-                                             allowed)  # (n k, c)
-        cand_raw = (self.raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
-        top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
-        top_beam = pos // c
-        top_tok = beam_tok.view(n, k * c).gather(1, pos)
-        top_lp = beam_lp.view(n, k * c).gather(1, pos)  # (n, 2k) the new token's own log-prob
+        if self.phrases is not None:  # dynamic beam allocation (aiayn/decoding/constraints.py)
+            top_raw, top_beam, top_tok, top_lp, top_bank = self._allocate(logits, t_rows,
+                                                                          allowed, n_cand)
+        else:
+            # The 2k best of the k * V candidates raw + log p, in two rounds: within a beam they
+            # rank as log p does (raw is the beam's), so each beam's 2k best tokens hold every
+            # winner of that beam; then the best 2k of those k * 2k. The same candidates as one
+            # top-k over (n, k * V), without adding raw to all V log-probs of every row.
+            c = min(n_cand, vocab)
+            beam_lp, beam_tok = best_next_tokens(logits, c, t_rows + 1, self.settings.min_len,
+                                                 allowed)  # (n k, c)
+            cand_raw = (self.raw.reshape(n * k, 1) + beam_lp).view(n, k * c)
+            top_raw, pos = cand_raw.topk(n_cand, dim=1)  # (n, 2k), best first
+            top_beam = pos // c
+            top_tok = beam_tok.view(n, k * c).gather(1, pos)
+            top_lp = beam_lp.view(n, k * c).gather(1, pos)  # (n, 2k) the new token's own log-prob
         col = self.t  # (n,) the step each sentence writes: |Y| - 1 of this step's candidates
         t = self.t = self.t + 1  # (n,) |Y| of every candidate made at this step
         is_eos = top_tok == EOS_ID
@@ -308,6 +341,9 @@ class BeamSearch:
 
         # The k best non-EOS candidates become the live beams.
         live = (rank + n_cand * is_eos.long()).topk(k, dim=1, largest=False).indices  # (n, k)
+        if self.phrases is not None:  # dealt by bank; kept best first, as the bound reads them
+            live = live.gather(1, top_raw.gather(1, live).argsort(dim=1, descending=True,
+                                                                   stable=True))
         beam = top_beam.gather(1, live)
         live_raw = top_raw.gather(1, live)
         live_tok = top_tok.gather(1, live)
@@ -326,6 +362,9 @@ class BeamSearch:
         if bool(ended.any() | at_max.any()):  # the step's one host sync besides `done`
             parent = top_beam[:, :k]
             cut = at_max[:, None] & torch.isfinite(live_raw)  # (n, k)
+            if self.phrases is not None:  # cut off: those with the most phrase pieces first
+                live_bank = top_bank.gather(1, live).masked_fill(~cut, -1)
+                cut &= live_bank == live_bank.max(dim=1, keepdim=True).values
             lp_t = length_penalty(t.to(torch.float32), self.alpha)[:, None]  # (n, 1)
             pool = pool.merge(_Pool.cat([
                 _Pool(tok=_gather_beams(parent_tok, parent),
@@ -363,7 +402,7 @@ class BeamSearch:
             self.src_lens = [self.src_lens[i] for i in kept]
             self.src_widths = [self.src_widths[i] for i in kept]
             if not kept:  # every sentence is done: the search is empty, ready for new ones
-                self.cache = self.constraint = self.pool = None
+                self.cache = self.constraint = self.pool = self.phrases = None
                 self.hist_tok = self.hist_lp = self.hist_w = None
                 return finished
             pool, beam, live_raw, live_tok = pool.rows(keep), beam[keep], live_raw[keep], live_tok[keep]
@@ -381,10 +420,52 @@ class BeamSearch:
         if self.constraint is not None:
             self.constraint.reorder(rows)
             self.constraint.advance(live_tok.reshape(-1))
+        if self.phrases is not None:
+            self.phrases.reorder(rows)
+            self.phrases.advance(live_tok.reshape(-1))
         self.raw = live_raw
         self.last = live_tok.reshape(-1, 1)
         return finished
 
+
+    def _allocate(self, logits: Tensor, t_rows: Tensor, allowed: Tensor | None, n_cand: int
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """A constrained step's candidates in the order its beams are dealt
+        (`constraints.round_robin`): each beam's 2k best pieces and the pieces that start or
+        continue its phrases -> the first `n_cand` of them as (n, n_cand) raw scores, parent
+        beams, pieces, the pieces' own log-probs and banks."""
+        n, k, state = self.sentences, self.k, self.phrases
+        vocab = logits.size(-1)
+        logp = ban_early_eos(next_token_logprobs(logits), t_rows + 1, self.settings.min_len)
+        mask = state.allowed(vocab)  # EOS once every phrase is written
+        if allowed is not None:
+            mask &= allowed
+        logp.masked_fill_(~mask, NEG_INF)  # (n k, V)
+        best_lp, best_tok = row_topk(logp, min(n_cand, vocab))  # (n k, c)
+        want_tok = state.tok.clamp(min=0)  # (n k, C)
+        want_lp = logp.gather(1, want_tok)
+        cols = torch.arange(state.width, device=logp.device)
+        # a piece once per beam: not again when it is among the best, nor for a second phrase
+        again = (want_tok[:, :, None] == best_tok[:, None, :]).any(dim=2)  # (n k, C)
+        earlier = (want_tok[:, :, None] == want_tok[:, None, :]) & state.wanted()[:, None, :]
+        again |= (earlier & (cols[None, :] < cols[:, None])).any(dim=2)
+        want_lp = want_lp.masked_fill(~state.wanted() | again, NEG_INF)
+        tok = torch.cat([best_tok, want_tok], dim=1)  # (n k, m)
+        lp = torch.cat([best_lp, want_lp], dim=1)
+        m = tok.size(1)
+        bank = state.gains(tok).view(n, k * m)
+        raw = (self.raw.reshape(n * k, 1) + lp).view(n, k * m)  # (n, k m)
+        dealt, rank = round_robin(raw, bank, state.width + 1)  # (n, k m) each
+        # First the EOS candidates that end (among the k best of their bank: every phrase
+        # written), then the rest as dealt, the EOS candidates that do not end last: the search
+        # below ends the EOS among the first k and takes its beams from the first k others.
+        place = torch.empty_like(dealt).scatter_(
+            1, dealt, torch.arange(k * m, device=dealt.device).expand(n, -1))  # (n, k m)
+        eos = tok.view(n, k * m) == EOS_ID
+        group = torch.where(eos, torch.where((rank < k) & torch.isfinite(raw), 0, 2), 1)
+        order = (group * (k * m) + place).argsort(dim=1)[:, :n_cand]  # (n, n_cand)
+        return (raw.gather(1, order), order // m, tok.view(n, k * m).gather(1, order),
+                lp.view(n, k * m).gather(1, order), bank.gather(1, order))
 
     @torch.inference_mode()
     def settled(self) -> list[tuple[Hashable, list[int]]]:

@@ -59,6 +59,9 @@ from aiayn.kernels.attention import decoding_kernels
 # row per sentence (e.g. `aiayn.parsing.constrain`'s tree constraint)
 JoinConstraint = Callable[[Sequence[Hashable], torch.device], StepConstraint]
 
+# The target phrases a sentence's translation must contain, each a list of piece ids
+Phrases = Sequence[Sequence[int]]
+
 # What waits for the engine: each item one request's (or one sentence's) sources, subword ids
 Groups = Sequence[Sequence[Sequence[int]]]
 # Hands the engine what input there is before a step (`SearchEngine.run`): called with True when
@@ -85,12 +88,18 @@ class SearchEngine:
 
     or `engine.run(feed)` (below). `settings` also holds the room (`batch_tokens`,
     `batch_size`). `bf16`: run under bf16 autocast (a model whose weights are bf16 already runs
-    as it is). `constraint` builds the step constraint of each group of sentences that joins."""
+    as it is). `constraint` builds the step constraint of each group of sentences that joins.
+    `lexical`: a lexically constrained search (aiayn/decoding/constraints.py), every sentence
+    submitted with its target phrases (maybe none); without it the search is the paper's and
+    `submit` takes no phrases. `continues` (V,) bool: the target pieces that continue a word,
+    which may not follow a phrase (`Translator.word_continuations`)."""
 
     def __init__(self, model: Any, settings: SearchSettings, bf16: bool = False,
-                 constraint: JoinConstraint | None = None):
+                 constraint: JoinConstraint | None = None, lexical: bool = False,
+                 continues: torch.Tensor | None = None):
         self.model, self.settings, self.constraint = model, settings, constraint
-        self.search = BeamSearch(model, settings)
+        self.lexical = lexical
+        self.search = BeamSearch(model, settings, continues)
         # a model whose weights are bf16 already runs as it is: autocast would re-cast fp32
         # weights at every step and run LayerNorm in fp32
         p = first_parameter(model)
@@ -98,14 +107,20 @@ class SearchEngine:
         self.bf16 = bf16 and (p is None or p.dtype != torch.bfloat16)
         self.source_limit = decoder_length_cap(model)  # learned positions: pad no further
         self.waiting: deque[tuple[Hashable, Sequence[int]]] = deque()
+        self.phrases: dict[Hashable, Phrases] = {}  # a lexical search's waiting sentences'
         self.blank: list[tuple[Hashable, list[Hypothesis]]] = []  # empty sources, answered next step
         self.peak_sentences = 0  # the most sentences live at once (the room's test reads it)
 
-    def submit(self, key: Hashable, ids: Sequence[int]) -> None:
-        """Queue one sentence (subword ids without specials). An empty one (a blank line) needs
-        no model: the next `step` hands it back with one empty hypothesis of score 0."""
+    def submit(self, key: Hashable, ids: Sequence[int], phrases: Phrases | None = None) -> None:
+        """Queue one sentence (subword ids without specials), in a lexical engine with the
+        target phrases (piece ids) its translation must contain. An empty one (a blank line)
+        needs no model: the next `step` hands it back with one empty hypothesis of score 0."""
+        if phrases is not None and not self.lexical:
+            raise ValueError("phrases need a lexically constrained engine (lexical=True)")
         if len(ids):
             self.waiting.append((key, ids))
+            if self.lexical:
+                self.phrases[key] = [list(p) for p in phrases or ()]
         else:
             self.blank.append((key, [Hypothesis([], 0.0, 0.0)]))
 
@@ -153,7 +168,8 @@ class SearchEngine:
         keys = [key for key, _ in group]
         src, src_mask = source_batch([ids for _, ids in group], self.device, limit=self.source_limit)
         step = None if self.constraint is None else self.constraint(keys, self.device)
-        self.search.add(src, src_mask, keys, step)
+        phrases = [self.phrases.pop(key) for key in keys] if self.lexical else None
+        self.search.add(src, src_mask, keys, step, phrases)
         self.peak_sentences = max(self.peak_sentences, self.search.sentences)
 
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:

@@ -37,9 +37,12 @@ from aiayn.decoding.common import (
     check_index,
     decoder_heads,
     decoder_length_cap,
+    max_output_lengths,
     model_device,
+    resolve_mask,
 )
-from aiayn.decoding.engine import SearchEngine
+from aiayn.decoding.engine import Phrases, SearchEngine
+from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.search import SearchOptions, SearchSettings, resolve_search
 from aiayn.errors import UserError
 from aiayn.progress import Progress
@@ -54,8 +57,9 @@ ConstraintFactory = Callable[[Sequence[int], torch.device], StepConstraint]
 
 def search_batched(model: Any, sources: Sequence[Sequence[int]],
                    options: SearchOptions | SearchSettings = SearchOptions(), bf16: bool = False,
-                   progress: bool = False, constraint: ConstraintFactory | None = None
-                   ) -> list[list[Hypothesis]]:
+                   progress: bool = False, constraint: ConstraintFactory | None = None,
+                   phrases: Sequence[Phrases] | None = None,
+                   continues: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Search every source (subword ids, no specials) and return, in input order, its
     hypotheses best first (one for greedy, up to `nbest` for beam search; an empty source gets
     one empty hypothesis with score 0 without running the model). `options`: settings already
@@ -68,7 +72,10 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]],
     goes back to training mode afterwards); with `bf16` under bf16 autocast unless its weights
     are bf16 already. Sources must fit the model (`Translator.prepare` truncates). Progress
     (aiayn/progress.py, stderr) counts sentences. `constraint`, when given, builds the step
-    constraint of the sentences that join together (their indices into `sources`)."""
+    constraint of the sentences that join together (their indices into `sources`). `phrases`,
+    when given, one list per source: the target phrases its translation must contain, a
+    lexically constrained search (aiayn/decoding/constraints.py); without it the paper's;
+    `continues`: the target pieces that may not follow a phrase (they would continue its word)."""
     settings = (options if isinstance(options, SearchSettings)
                 else resolve_search(model, options))
     results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -76,11 +83,12 @@ def search_batched(model: Any, sources: Sequence[Sequence[int]],
     if was_training:
         model.eval()
     try:
-        engine = SearchEngine(model, settings, bf16, constraint)
+        engine = SearchEngine(model, settings, bf16, constraint, lexical=phrases is not None,
+                              continues=continues)
 
         def feed(idle: bool) -> bool:  # every source at once; the engine admits them
             for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
-                engine.submit(i, sources[i])
+                engine.submit(i, sources[i], None if phrases is None else phrases[i])
             return False
 
         with Progress(len(sources), desc="translating", unit="sent", enabled=progress,
@@ -187,6 +195,30 @@ class Translator:
             out.append(list(ids))
         return out
 
+    def phrases(self, lines: Sequence[str], sources: Sequence[Sequence[int]],
+                glossary: Glossary, first_line: int = 1) -> list[list[list[int]]]:
+        """Per line, the target pieces of each glossary term that applies to it
+        (aiayn/decoding/glossary.py), cut as a word inside a sentence is; `sources` the lines'
+        ids (`prepare`). ValueError (one line, naming the line) when a line's terms take more
+        pieces than its translation may hold (the maximum output length, EOS counted)."""
+        out = []
+        for n, (line, src) in enumerate(zip(lines, sources), start=first_line):
+            terms = glossary.terms(line) if src else []
+            ids = [list(self.tgt_tokenizer.encode(t)) for t in terms]
+            ids = [p for p in ids if p]
+            need = sum(len(p) for p in ids) + 1  # + EOS
+            if ids:
+                room = int(max_output_lengths(
+                    resolve_mask(torch.ones(1, len(src) + 1, dtype=torch.long), None),
+                    self.settings.max_len_a, self.settings.max_len_b,
+                    decoder_length_cap(self.model))[0])
+                if need > room:
+                    raise ValueError(f"line {n}: its glossary terms take {need - 1} target "
+                                     f"pieces, and its translation may hold {room - 1} (with "
+                                     f"EOS, the maximum output length {room})")
+            out.append(ids)
+        return out
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         # A decoded piece could hold a newline; one output line per input line is the contract.
         return self.tgt_tokenizer.decode(tokens).replace("\n", " ")
@@ -201,21 +233,42 @@ class Translator:
 
     def search(self, sources: Sequence[Sequence[int]], nbest: int = 1, progress: bool = False,
                attention: AttentionRequest | None = None,
-               constraint: ConstraintFactory | None = None) -> list[list[Hypothesis]]:
+               constraint: ConstraintFactory | None = None,
+               phrases: Sequence[Phrases] | None = None) -> list[list[Hypothesis]]:
         """Token ids in, hypotheses out (input order); an empty source gives one empty
         hypothesis with score 0 without running the model. `attention`: keep the weights the
         search used (`Hypothesis.attention`). `constraint`: limit what the search may write
-        (its indices are into `sources`)."""
+        (its indices are into `sources`). `phrases`: per source, the target phrases its
+        translation must contain (`phrases()` makes them from a glossary)."""
         return search_batched(self.model, sources, self._settings(nbest, attention), self.bf16,
-                              progress, constraint)
+                              progress, constraint, phrases,
+                              None if phrases is None else self.word_continuations())
 
-    def engine(self, nbest: int = 1, attention: AttentionRequest | None = None) -> SearchEngine:
+    def engine(self, nbest: int = 1, attention: AttentionRequest | None = None,
+               lexical: bool = False) -> SearchEngine:
         """A decoding engine with this translator's model and search settings (`aiayn serve`
         keeps one per search setting): token ids in (`prepare`), hypotheses out as each
-        sentence finishes."""
-        return SearchEngine(self.model, self._settings(nbest, attention), self.bf16)
+        sentence finishes; `lexical`: each sentence submitted with its target phrases."""
+        return SearchEngine(self.model, self._settings(nbest, attention), self.bf16,
+                            lexical=lexical,
+                            continues=self.word_continuations() if lexical else None)
 
-    def stream(self, groups: Iterable[list[str]], nbest: int = 1
+    def word_continuations(self) -> torch.Tensor:
+        """(V,) bool: the target pieces that continue a word (no sentencepiece word-start
+        mark, a letter or digit first), which a glossary term may not be followed by: its
+        word ends with it. Computed once."""
+        if getattr(self, "_continues", None) is None:
+            tok = self.tgt_tokenizer
+            flags = []
+            for i in range(tok.vocab_size):
+                piece = tok.id_to_piece(i)
+                flags.append(not piece.startswith("\u2581") and piece[:1].isalnum()
+                             and not (piece.startswith("<") and piece.endswith(">")))
+            self._continues = torch.tensor(flags, dtype=torch.bool)
+        return self._continues
+
+    def stream(self, groups: Iterable[list[str]], nbest: int = 1,
+               glossary: Glossary | None = None
                ) -> Iterator[list[tuple[int, list[Hypothesis]]]]:
         """Translate lines as they come, through one `SearchEngine` for the whole input: yields,
         whenever some are ready, the next lines' (0-based index, hypotheses best first) in input
@@ -225,8 +278,9 @@ class Translator:
         while the input is slow, and only waits for input when it has nothing to decode: a
         program that sends a line and waits gets its translation. Within a group, lines join
         the search longest first. A reading error (bad UTF-8, say) is raised here, after the
-        lines before it."""
-        engine = self.engine(nbest)
+        lines before it. `glossary`: each line's translation holds the target terms of the
+        source terms it contains (`phrases`)."""
+        engine = self.engine(nbest, lexical=glossary is not None)
         inbox: queue.Queue = queue.Queue(maxsize=2)
         end = object()
 
@@ -255,8 +309,10 @@ class Translator:
                     failure = item
                     return False
                 sources = self.prepare(item, first_line=n_read + 1)
+                phrases = (None if glossary is None
+                           else self.phrases(item, sources, glossary, n_read + 1))
                 for i in sorted(range(len(sources)), key=lambda i: -len(sources[i])):
-                    engine.submit(n_read + i, sources[i])
+                    engine.submit(n_read + i, sources[i], None if phrases is None else phrases[i])
                 n_read += len(sources)
                 idle = not engine.busy
 
@@ -274,16 +330,27 @@ class Translator:
             raise failure
 
     def translate(self, lines: Sequence[str], progress: bool = False, first_line: int = 1,
-                  constraint: ConstraintFactory | None = None) -> list[str]:
+                  constraint: ConstraintFactory | None = None,
+                  glossary: Glossary | None = None) -> list[str]:
         """One translation per line, in order (the best hypothesis; empty if none was found).
-        `constraint`: as for `search`, indices into `lines`."""
-        found = self.search(self.prepare(lines, first_line), 1, progress, constraint=constraint)
+        `constraint`: as for `search`, indices into `lines`; `glossary`: the target terms of
+        the source terms a line contains are in its translation (`phrases`)."""
+        found = self.hypotheses(lines, 1, progress, first_line, constraint, glossary)
         return [self.detokenize(h[0].tokens) if h else "" for h in found]
 
+    def hypotheses(self, lines: Sequence[str], nbest: int = 1, progress: bool = False,
+                   first_line: int = 1, constraint: ConstraintFactory | None = None,
+                   glossary: Glossary | None = None) -> list[list[Hypothesis]]:
+        """`search` over lines of text (`prepare`), with a glossary's phrases when given."""
+        sources = self.prepare(lines, first_line)
+        phrases = None if glossary is None else self.phrases(lines, sources, glossary, first_line)
+        return self.search(sources, nbest, progress, constraint=constraint, phrases=phrases)
+
     def translate_nbest(self, lines: Sequence[str], nbest: int, progress: bool = False,
-                        first_line: int = 1) -> list[list[tuple[float, str]]]:
+                        first_line: int = 1, glossary: Glossary | None = None
+                        ) -> list[list[tuple[float, str]]]:
         """Per line, up to `nbest` (score, text) pairs, best first."""
-        found = self.search(self.prepare(lines, first_line), nbest, progress)
+        found = self.hypotheses(lines, nbest, progress, first_line, glossary=glossary)
         return [[(h.score, self.detokenize(h.tokens)) for h in hyps] for hyps in found]
 
     def align(self, lines: Sequence[str], layer: int = -1, head: int | None = None,
