@@ -45,6 +45,20 @@ def machine() -> str:
     return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
+def add_server_arguments(p: argparse.ArgumentParser, reference: bool = True) -> None:
+    """The server's options, for this script and stream_latency.py (`reference`: the
+    `aiayn translate` reference shares the stopping rule and arithmetic)."""
+    also = "the server's and the reference's" if reference else "the server's"
+    p.add_argument("--batch-tokens", type=int, help="server's room (default: aiayn serve's)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="server's max wait (default 10)")
+    p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
+    p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
+                   help=f"{also} stopping rule (default: aiayn's)")
+    p.add_argument("--precision", choices=DECODE_PRECISIONS,
+                   help=f"{also} arithmetic (default: aiayn's)")
+    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
+
+
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "aiayn", "serve", "--model", args.model, "--host", "127.0.0.1",
            "--port", "0", "--max-wait-ms", str(args.max_wait_ms),
@@ -178,14 +192,7 @@ def main() -> int:
     p.add_argument("--sentences", help="source sentences, one a line (e.g. Multi30k test)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
     p.add_argument("--per-client", type=int, default=16, help="sentences each client sends (default 16)")
-    p.add_argument("--batch-tokens", type=int, help="server's room (default: aiayn serve's)")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="server's max wait (default 10)")
-    p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
-    p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
-                   help="the server's and the reference's stopping rule (default: aiayn's)")
-    p.add_argument("--precision", choices=DECODE_PRECISIONS,
-                   help="the server's and the reference's arithmetic (default: aiayn's)")
-    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
+    add_server_arguments(p)
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--plot", help="draw sentences/s and latency against clients here (PNG)")
     p.add_argument("--from-json", metavar="FILE", help="only draw --plot from an earlier --out")

@@ -41,9 +41,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_serve import machine, start_server  # noqa: E402
+from bench_serve import add_server_arguments, machine, start_server  # noqa: E402
 
-from aiayn.decoding import DECODE_PRECISIONS, EARLY_STOP_RULES  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
 from provenance import stamp, stamp_line  # noqa: E402
@@ -187,14 +186,7 @@ def main() -> int:
     p.add_argument("--beam-size", type=int,
                    help="every request's beam size (default: the model's; 1 is greedy, which "
                         "settles a piece at every step)")
-    p.add_argument("--batch-tokens", type=int, help="server's room (default: aiayn serve's)")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="server's max wait (default 10)")
-    p.add_argument("--threads", type=int, help="server's torch threads (default: aiayn serve's)")
-    p.add_argument("--early-stop", choices=EARLY_STOP_RULES,
-                   help="the server's stopping rule (default: aiayn's)")
-    p.add_argument("--precision", choices=DECODE_PRECISIONS,
-                   help="the server's arithmetic (default: aiayn serve's)")
-    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request, seconds")
+    add_server_arguments(p, reference=False)
     p.add_argument("--out", required=True, type=Path, help="results JSON (refuses to overwrite)")
     a = p.parse_args()
     if min(a.n, a.clients, a.per_client) < 1:
