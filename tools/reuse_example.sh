@@ -13,7 +13,11 @@
 # 2. score: every test reference against its own source, and against another sentence's source
 #    (the references shifted by one line): how often the model prefers the true pair;
 # 3. export: greedy decoding of the test set by aiayn, the ONNX export on onnxruntime and the
-#    CTranslate2 export, each a fresh process (benchmarks/translate_e2e.py --greedy --onnx).
+#    CTranslate2 export, each a fresh process (benchmarks/translate_e2e.py --greedy --onnx);
+# 4. in-domain: the EN->DE model fine-tuned with the guide's commands on pairs it never saw (the
+#    first 814 of val; dev: the last 200), test_2016_flickr scored before and after.
+# The figures it prints at the end go to OUT/summary.txt, under the commit, the tree's state and
+# the machine (benchmarks/provenance.py).
 # Runs one job at a time (each uses both cores); a step whose output exists is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +52,26 @@ $A score --model "$MODEL" --src "$src" --ref "$OUT/test.de" --format tsv --outpu
 $A score --model "$MODEL" --src "$src" --ref "$OUT/test.shifted.de" --format tsv --output "$OUT/shifted.tsv" --overwrite
 .venv/bin/python benchmarks/translate_e2e.py --model "$MODEL" --src "$src" --ref "$OUT/test.de" \
     --out "$OUT/greedy" --greedy --onnx --precisions fp32 --ct2 int8 float32 --reps 2
+ind=$OUT/indomain
+if [ ! -e "$ind/model" ]; then
+  mkdir -p "$ind/raw"
+  for l in en de; do
+    gunzip -c "$DATA/val.$l.gz" | head -n 814 > "$ind/raw/train.$l"
+    gunzip -c "$DATA/val.$l.gz" | tail -n +815 > "$ind/raw/dev.$l"
+  done
+  $A prepare --src-lang en --tgt-lang de --train "$ind/raw/train" --valid "$ind/raw/dev" \
+      --test "$DATA/test_2016_flickr" --vocab-from "$MODEL" --out "$ind/data"
+  $A train --data "$ind/data" --out "$ind/run" --init-from "$MODEL" --time-budget "$MINUTES"
+  $A average --run "$ind/run" --out "$ind/model"
+fi
+for m in before after; do
+  dir=$MODEL; [ "$m" = after ] && dir=$ind/model
+  [ -e "$ind/test.$m.hyp" ] || $A translate --model "$dir" --input "$ind/data/test.src.txt" --output "$ind/test.$m.hyp"
+  $A evaluate --hyp "$ind/test.$m.hyp" --ref "$ind/data/test.tgt.txt" --lang de --json > "$ind/test.$m.scores.json"
+done
 set +x
+{
+.venv/bin/python -c 'import sys; sys.path.insert(0, "benchmarks"); from provenance import stamp, stamp_line; print(stamp_line(stamp()))'
 for how in init scratch; do
   .venv/bin/python - "$how" "$OUT/fr-$how" <<'PY'
 import json, sys
@@ -63,3 +86,14 @@ PY
 done
 paste "$OUT/true.tsv" "$OUT/shifted.tsv" | awk -F'\t' '{n++; t+=$1; tk+=$2; s+=$4; sk+=$5; if ($3 > $6) w++}
   END {printf "score: true pairs %.3f nats/token, shifted %.3f; the true reference scores higher per token in %d of %d (%.1f%%)\n", t/tk, s/sk, w, n, 100*w/n}'
+.venv/bin/python - "$ind" <<'PY'
+import json, sys
+ind = sys.argv[1]
+s = {m: json.load(open(f"{ind}/test.{m}.scores.json")) for m in ("before", "after")}
+train = [json.loads(x) for x in open(f"{ind}/run/metrics.jsonl")]
+steps = [r["step"] for r in train if r.get("kind") == "train"][-1]
+print(f"in-domain EN->DE, 814 unseen pairs, {steps} updates: test sacreBLEU "
+      f"{s['before']['sacrebleu']['score']:.2f} -> {s['after']['sacrebleu']['score']:.2f}, chrF "
+      f"{s['before']['chrf']['score']:.2f} -> {s['after']['chrf']['score']:.2f}")
+PY
+} | tee "$OUT/summary.txt"
