@@ -1,6 +1,9 @@
 """Screenshots of `aiayn serve`'s web page, as docs/guides/serving.md shows it: starts `aiayn
 serve` on 127.0.0.1, opens the page in Debian's headless Chromium, types sentences, waits for their
-translation and saves a PNG at a desktop's width and one at a phone's.
+translation and saves a PNG at a desktop's width and one at a phone's; then replaces the text
+with longer sentences and saves a third (-streaming) the moment the page first shows settled
+prefixes while the search goes on (a MutationObserver in the page, so the picture is taken
+mid-stream, not after the answer).
 
     .venv/bin/python tools/page_screenshot.py --model runs/m30k/model --out docs/serve-page.png
 """
@@ -21,8 +24,29 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import chrome  # noqa: E402
 
+LONG = ["A young man in a red shirt and a black hat is playing the guitar on a street corner "
+        "while people walk by.",
+        "Several children in colorful swimsuits are running along the beach towards the water "
+        "on a sunny day.",
+        "An older woman with a blue umbrella waits at the bus stop next to a man reading a "
+        "newspaper."]
 SENTENCES = ["A man in an orange hat starring at something.",
              "Two young children are playing in the sand on the beach."]
+
+
+# Replaces the text box's lines and resolves as soon as the translation pane is settling (the
+# answer streaming in) and shows some settled text; or after 20 s, saying so.
+MID_STREAM = """
+const [text, done] = arguments;
+const out = document.getElementById("out");
+const seen = () => out.classList.contains("settling") && out.textContent.trim().length > 0;
+const obs = new MutationObserver(() => { if (seen()) { obs.disconnect(); done("settling"); } });
+obs.observe(out, {subtree: true, childList: true, characterData: true, attributes: true});
+setTimeout(() => { obs.disconnect(); done("timed out: no settled prefix shown"); }, 20000);
+const box = document.getElementById("src");
+box.value = text;
+box.dispatchEvent(new Event("input", {bubbles: true}));
+"""
 
 
 def main() -> int:
@@ -30,6 +54,8 @@ def main() -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True, help="PNG path; the phone's gets -phone before .png")
     p.add_argument("--text", nargs="+", default=SENTENCES, help="lines to type")
+    p.add_argument("--stream-text", nargs="+", default=LONG,
+                   help="lines for the mid-stream picture")
     args = p.parse_args()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -62,6 +88,11 @@ def main() -> int:
                 driver.save_screenshot(args.out)
                 driver.set_window_size(390, 844)
                 driver.save_screenshot(args.out.replace(".png", "-phone.png"))
+                driver.set_window_size(1100, 760)
+                driver.set_script_timeout(30)
+                caught = driver.execute_async_script(MID_STREAM, "\n".join(args.stream_text))
+                driver.save_screenshot(args.out.replace(".png", "-streaming.png"))
+                print(f"mid-stream picture: {caught}", file=sys.stderr)
             finally:
                 driver.quit()
     finally:
