@@ -319,8 +319,6 @@ def _translate(args: argparse.Namespace) -> int:
     groups = None if interactive else input_groups(args.input, STREAM_LINES)
 
     translator = translator_from_args(args, "translate", settings)
-    if glossary is not None:
-        _unfitting_terms_in_one_line(translator)
     documents = None
     if args.documents:
         from aiayn.decoding.documents import DEFAULT_LANGUAGE
@@ -338,21 +336,6 @@ def _translate(args: argparse.Namespace) -> int:
             _stream(f, translator, groups, args.nbest, progress, align, args.format, documents,
                     glossary)
     return 0
-
-
-def _unfitting_terms_in_one_line(translator: Translator) -> None:
-    """Make `translator.phrases`'s ValueError (a line whose glossary terms take more target
-    pieces than its translation may hold) a UserError: at the command line it is the input's
-    fault, one line naming the line and exit 2; any other ValueError stays a bug's."""
-    phrases = translator.phrases
-
-    def checked(*args, **kwargs):
-        try:
-            return phrases(*args, **kwargs)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-
-    translator.phrases = checked
 
 
 def jsonl_record(translator, index: int, line: str, hyps: list, nbest: int | None,

@@ -199,8 +199,9 @@ class Translator:
                 glossary: Glossary, first_line: int = 1) -> list[list[list[int]]]:
         """Per line, the target pieces of each glossary term that applies to it
         (aiayn/decoding/glossary.py), cut as a word inside a sentence is; `sources` the lines'
-        ids (`prepare`). ValueError (one line, naming the line) when a line's terms take more
-        pieces than its translation may hold (the maximum output length, EOS counted)."""
+        ids (`prepare`). UserError (the input's fault: one line naming the line) when a line's
+        terms take more pieces than its translation may hold (the maximum output length, EOS
+        counted)."""
         out = []
         for n, (line, src) in enumerate(zip(lines, sources), start=first_line):
             terms = glossary.terms(line) if src else []
@@ -213,7 +214,7 @@ class Translator:
                     self.settings.max_len_a, self.settings.max_len_b,
                     decoder_length_cap(self.model))[0])
                 if need > room:
-                    raise ValueError(f"line {n}: its glossary terms take {need - 1} target "
+                    raise UserError(f"line {n}: its glossary terms take {need - 1} target "
                                      f"pieces, and its translation may hold {room - 1} (with "
                                      f"EOS, the maximum output length {room})")
             out.append(ids)

@@ -16,6 +16,7 @@ from aiayn.decoding.common import Hypothesis
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.translate import Translator
+from aiayn.errors import UserError
 from aiayn.model.counting import count_parameters
 
 
@@ -88,7 +89,7 @@ class ServedModel:
         one line saying why, when they take more pieces than its translation may hold."""
         try:
             return self.base.phrases([text], [src], glossary)[0]
-        except ValueError as e:
+        except UserError as e:
             raise ValueError(str(e).removeprefix("line 1: ")) from None
 
     def translator(self, beam_size: int, alpha: float) -> Translator:
