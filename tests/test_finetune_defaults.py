@@ -107,10 +107,19 @@ def test_the_defaults_halve_the_models_peak_rate_over_a_short_warmup():
     assert peak_learning_rate(replace(mine, **got)) / peak_learning_rate(tiny) == pytest.approx(0.5, rel=0.05)
     # checkpoints: with --max-steps and no choice of the user's, n_average + 1 of them
     opts = TrainOptions(max_steps=120, fit_saves_to_budget=True)
-    assert finetune.save_every(opts, 5) == 20
-    assert finetune.save_every(replace(opts, save_every=7), 5) is None
-    assert finetune.save_every(replace(opts, fit_saves_to_budget=False), 5) is None  # --save-minutes
-    assert finetune.save_every(replace(opts, max_steps=None), 5) is None  # a time budget fits its own
+    assert finetune.save_every(opts, 5, 1000) == 20
+    assert finetune.save_every(replace(opts, save_every=7), 5, 1000) is None
+    assert finetune.save_every(replace(opts, fit_saves_to_budget=False), 5, 1000) is None  # --save-minutes
+    assert finetune.save_every(replace(opts, max_steps=None), 5, 1000) is None  # a time budget fits its own
+    # an epoch limit counts its updates: 3 epochs of 8 updates, 6 checkpoints' worth
+    assert finetune.save_every(replace(opts, max_steps=None, max_epochs=3), 5, 8) == 4
+
+
+def test_fine_tuning_stops_after_ten_epochs_unless_told_otherwise():
+    assert finetune.max_epochs(TrainOptions()) == finetune.MAX_EPOCHS == 10
+    assert finetune.max_epochs(TrainOptions(time_budget=5)) == 10  # the budget may stop it sooner
+    assert finetune.max_epochs(TrainOptions(max_epochs=40)) == 40
+    assert finetune.max_epochs(TrainOptions(max_steps=500)) is None
 
 
 def test_the_fields_a_user_gives_are_the_set_names_and_the_config_files_keys(tmp_path):
@@ -157,8 +166,8 @@ def test_the_cli_says_applies_records_and_resumes_the_defaults(model, tmp_path, 
     lines = [x for x in capsys.readouterr().err.splitlines() if "fine-tuning defaults" in x]
     assert lines == ["fine-tuning defaults (--init-from): warmup_steps=1, lr_scale=0.091, a "
                      "checkpoint every 2 updates (Eq. 3 peaks at 0.016, the model's own peak was "
-                     "0.032); override with --set warmup_steps=N lr_scale=X, --save-every or "
-                     "--save-minutes"]
+                     "0.032); override with --set warmup_steps=N lr_scale=X, --max-epochs, "
+                     "--max-steps, --save-every or --save-minutes"]
     recorded = json.loads((run / "run.json").read_text())
     assert recorded["finetune"] == {"warmup_steps": 1, "lr_scale": 0.091}
     assert [s for s, _ in list_checkpoints(run)] == [4, 6, 8, 10, 12]  # 5 kept: average finds them
@@ -184,6 +193,16 @@ def test_the_cli_says_applies_records_and_resumes_the_defaults(model, tmp_path, 
     assert len(lines) == 1
     assert lines[0].startswith("fine-tuning defaults (--init-from): warmup_steps=1 (Eq. 3 peaks at")
     assert json.loads((run / "run.json").read_text())["config"]["lr_scale"] == 0.7
+    # no step or epoch limit: 10 epochs at most (a time budget may stop it sooner), said in the
+    # line, with checkpoints enough to average
+    capped = tmp_path / "capped"
+    assert cli_main(["train", "--data", str(data), "--out", str(capped), "--init-from", str(ckpt),
+                     *QUIET, "--time-budget", "30"]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if "fine-tuning defaults" in x]
+    assert len(lines) == 1 and "at most 10 epochs" in lines[0]
+    summary = json.loads((capped / "summary.json").read_text())
+    assert summary["stopped_by"] == "max_epochs" and summary["epochs"] == pytest.approx(10)
+    assert len(list_checkpoints(capped)) >= 5
     # without --init-from: no line, nothing recorded
     assert cli_main(["train", "--data", str(data), "--out", str(tmp_path / "scratch"), "--preset",
                      "base", "--set", *SMALL, "--max-steps", "2", *QUIET]) == 0

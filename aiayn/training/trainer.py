@@ -87,6 +87,10 @@ class Trainer:
         # the model a run started from (--init-from), recorded in every checkpoint's meta.json
         self.started_from: str | None = (str(self.init_from) if self.init_from is not None
                                          else (state["run"].get("init_from") if state else None))
+        self.capped_epochs: int | None = None  # the fine-tuning default's epoch limit
+        if self.started_from is not None and finetune.max_epochs(options) != options.max_epochs:
+            self.capped_epochs = finetune.max_epochs(options)
+            options = self.options = replace(options, max_epochs=self.capped_epochs)
         saved_run = state["run"] if state else {}
         # the config fields the fine-tuning defaults set (aiayn/training/finetune.py), kept on resume
         self.finetune: dict[str, Any] = {}
@@ -127,7 +131,9 @@ class Trainer:
 
         self.save_every = options.save_every
         if self.started_from is not None:  # fine-tuning, new or resumed: enough checkpoints to average
-            self.save_every = finetune.save_every(options, self.cfg.n_average) or options.save_every
+            per_epoch = math.ceil(len(self.sampler) / self.accum)
+            self.save_every = (finetune.save_every(options, self.cfg.n_average, per_epoch)
+                               or options.save_every)
         self.save_minutes = options.save_minutes
         budget, n = options.time_budget, self.cfg.n_average
         if (options.fit_saves_to_budget and budget is not None and self.save_minutes is not None
@@ -245,8 +251,9 @@ class Trainer:
             self.log.say(f"starting from the weights of {self.init_from}, with a fresh optimizer "
                          f"and learning-rate schedule")
             every = self.save_every if self.save_every != o.save_every else None
-            if self.finetune or every is not None:
-                self.log.say(finetune.describe(self.finetune, self.model_cfg, cfg, every))
+            if self.finetune or every is not None or self.capped_epochs is not None:
+                self.log.say(finetune.describe(self.finetune, self.model_cfg, cfg, every,
+                                               self.capped_epochs))
         elif o.resume:  # e.g. the run was killed before its first checkpoint: say so, then start
             self.log.say(f"warning: --resume: {self.run_dir} holds no checkpoint yet; starting a "
                          f"new run at step 0")
