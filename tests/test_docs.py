@@ -116,3 +116,33 @@ def test_the_checks_read_each_form_of_record(tmp_path):
             "not DIR/report/results.json or runs/x-2026-01-01/model")
     assert cited(line) == {"results/train-gpu-2026-11-27-h100.md",
                            "results/translate-e2e-2026-12-01-zen5.json", "RESULTS.md"}
+
+
+# a markdown link's target: ](path) or ](path#anchor); URLs and in-page anchors are not files
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a markdown page whose file does not exist."""
+    out = []
+    for m in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = m.group(1)
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        if not (page.parent / target.split("#")[0]).exists():
+            out.append(target)
+    return out
+
+
+def test_every_relative_link_of_the_pages_exists():
+    pages = [REPO / "README.md", REPO / "benchmarks" / "README.md", REPO / "tools" / "README.md"]
+    pages += sorted((REPO / "docs").rglob("*.md"))
+    broken = {str(p.relative_to(REPO)): b for p in pages if (b := broken_links(p))}
+    assert not broken, broken
+
+
+def test_the_link_check_finds_a_missing_file(tmp_path):
+    (tmp_path / "there.png").write_bytes(b"")
+    page = tmp_path / "p.md"
+    page.write_text("[a](there.png) [b](gone.md#x) [c](https://x.org) [d](#here) ![e](gone.png)")
+    assert broken_links(page) == ["gone.md#x", "gone.png"]
