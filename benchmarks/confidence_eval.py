@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from aiayn.decoding import DECODE_PRECISIONS  # noqa: E402
+from aiayn.decoding.common import model_device  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
 from provenance import stamp, stamp_line  # noqa: E402
@@ -126,9 +127,10 @@ def fmt(v: float | None, digits: int = 3) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
+def eval_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a script that translates a test set with a model: --model, --src, --ref,
+    --precision and --device (this script's and glossary_eval.py's); `doc` its module doc."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model directory")
     p.add_argument("--src", required=True, help="source sentences, one a line")
@@ -136,6 +138,26 @@ def main() -> int:
     p.add_argument("--precision", choices=DECODE_PRECISIONS, default="auto",
                    help="decoding arithmetic (default auto, as aiayn translate)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    return p
+
+
+def translator(args: argparse.Namespace):
+    """The `Translator` `eval_parser`'s options ask for (--model, --precision, --device), or
+    one line and exit when they cannot be met."""
+    from aiayn.commands.common import torch_device
+    from aiayn.data.model_dir import load_model
+    from aiayn.decoding.translate import Translator
+    from aiayn.errors import UserError
+
+    try:
+        return Translator(load_model(args.model, torch_device(args.device)),
+                          precision=args.precision)
+    except UserError as e:
+        raise SystemExit(str(e)) from None
+
+
+def main() -> int:
+    p = eval_parser(__doc__)
     p.add_argument("--out", required=True, type=Path, help="results JSON (refuses to overwrite)")
     p.add_argument("--plot", type=Path, help="scatter of score against chrF here (PNG)")
     a = p.parse_args()
@@ -148,16 +170,7 @@ def main() -> int:
 
     from sacrebleu.metrics import CHRF
 
-    from aiayn.commands.common import torch_device
-    from aiayn.data.model_dir import load_model
-    from aiayn.decoding.translate import Translator
-    from aiayn.errors import UserError
-
-    try:
-        device = torch_device(a.device)
-        tr = Translator(load_model(a.model, device), precision=a.precision)
-    except UserError as e:
-        raise SystemExit(str(e)) from None
+    tr = translator(a)
     sources = tr.prepare(srcs)
     found = tr.search(sources, progress=True)
     metric = CHRF()  # sacrebleu.sentence_chrf's defaults, one object: it then has a signature
@@ -175,7 +188,7 @@ def main() -> int:
                 "spearman": spearman([r[s] for r in rows], chrf)} for s in SIGNALS}
     table = thresholds(rows)
     results = {**stamp(), "model": a.model, "src": a.src, "ref": a.ref, "precision": tr.precision,
-               "device": str(device), "beam_size": tr.settings.beam_size,
+               "device": str(model_device(tr.model)), "beam_size": tr.settings.beam_size,
                "alpha": tr.settings.alpha, "sentences": len(rows),
                "chrf_signature": str(metric.get_signature()), "correlation_with_chrf": corr,
                "thresholds": table,

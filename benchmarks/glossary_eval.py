@@ -29,7 +29,6 @@ want to write.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -41,7 +40,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from aiayn.decoding import DECODE_PRECISIONS  # noqa: E402
+from confidence_eval import eval_parser, translator  # noqa: E402
+
+from aiayn.decoding.common import model_device  # noqa: E402
 from aiayn.files import atomic_write  # noqa: E402
 
 from provenance import stamp, stamp_line  # noqa: E402
@@ -111,17 +112,9 @@ def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model directory")
-    p.add_argument("--src", required=True, help="source sentences, one a line")
-    p.add_argument("--ref", required=True, help="their reference translations")
+    p = eval_parser(__doc__)
     p.add_argument("--terms", type=int, default=2, help="most reference words per sentence (2)")
     p.add_argument("--seed", type=int, default=0, help="the words' random choice (0)")
-    p.add_argument("--precision", choices=DECODE_PRECISIONS, default="auto",
-                   help="decoding arithmetic (default auto, as aiayn translate)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each search (3)")
     p.add_argument("--out", required=True, type=Path, help="results JSON (refuses to overwrite)")
     a = p.parse_args()
@@ -131,16 +124,7 @@ def main() -> int:
         raise SystemExit(f"{a.out} exists; choose another --out")
     srcs, refs = read_pair(a.src, a.ref)
 
-    from aiayn.commands.common import torch_device
-    from aiayn.data.model_dir import load_model
-    from aiayn.decoding.translate import Translator
-    from aiayn.errors import UserError
-
-    try:
-        device = torch_device(a.device)
-        tr = Translator(load_model(a.model, device), precision=a.precision)
-    except UserError as e:
-        raise SystemExit(str(e)) from None
+    tr = translator(a)
     sources = tr.prepare(srcs)
     print(f"translating {len(srcs)} sentences, unconstrained ...", file=sys.stderr)
     base = [tr.detokenize(h[0].tokens) if h else "" for h in tr.search(sources, progress=True)]
@@ -190,7 +174,7 @@ def main() -> int:
     same = {k: all(texts(f) == texts(v[0]) for f in v) for k, v in runs.items()}
     results = {
         **stamp(), "model": a.model, "src": a.src, "ref": a.ref, "terms_per_sentence": a.terms,
-        "seed": a.seed, "precision": tr.precision, "device": str(device),
+        "seed": a.seed, "precision": tr.precision, "device": str(model_device(tr.model)),
         "beam_size": tr.settings.beam_size, "alpha": tr.settings.alpha, "repeats": a.repeats,
         "sentences": len(srcs), "sentences_constrained": len(chosen), "terms_constrained": n_terms,
         "terms_dropped_for_length": dropped,
