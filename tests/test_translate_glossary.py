@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from aiayn.cli import main as cli_main
-from aiayn.commands.translate import CLEAR_LINE, show_settling, translate_settling
+from aiayn.commands.translate import CLEAR_LINE, show_settling
 from aiayn.data.model_dir import load_model
 from aiayn.decoding.documents import split_sentences, translate_paragraphs
 from aiayn.decoding.glossary import Glossary
-from aiayn.decoding.translate import Translator
+from aiayn.decoding.translate import Translator, translate_settling
 
 from helpers import reverser_model_dir
 

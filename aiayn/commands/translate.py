@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from aiayn.commands.common import (
     STREAM_LINES,
@@ -80,7 +80,6 @@ from aiayn.decoding import DECODE_PRECISIONS
 from aiayn.errors import UserError
 
 if TYPE_CHECKING:
-    from aiayn.decoding.common import Hypothesis
     from aiayn.decoding.glossary import Glossary
     from aiayn.decoding.translate import Translator
 
@@ -169,35 +168,6 @@ def _interactive(translator, nbest: int | None, align: tuple[str, dict] | None =
 CLEAR_LINE = "\r\x1b[K"
 
 
-def translate_settling(translator: Translator, line: str, on_settled: Callable[[list[int]], None],
-                       glossary: Glossary | None = None, first_line: int = 1
-                       ) -> list[Hypothesis]:
-    """Translate one line through an engine of its own (`SearchEngine.run`), calling
-    `on_settled(pieces)` each time the settled prefix of its translation grows (after a step,
-    `SearchEngine.settled`: the pieces its final best translation is sure to start with); the
-    line's hypotheses, best first, as `Translator.hypotheses` finds them (`glossary`: its
-    phrases; `first_line`: the line's number in messages)."""
-    sources = translator.prepare([line], first_line)
-    phrases = (None if glossary is None
-               else translator.phrases([line], sources, glossary, first_line)[0])
-    engine = translator.engine(1, lexical=glossary is not None)
-
-    def feed(idle: bool) -> bool:
-        engine.submit(0, sources[0], phrases)
-        return False
-
-    found: list[Hypothesis] = []
-    shown = 0
-    for finished in engine.run(feed):
-        for _, hyps in finished:
-            found = hyps
-        for _, prefix in engine.settled():
-            if len(prefix) > shown:
-                shown = len(prefix)
-                on_settled(list(prefix))
-    return found
-
-
 def show_settling(out, translator: Translator, line: str, glossary: Glossary | None = None,
                   first_line: int = 1, width: int = 80) -> None:
     """Write one line's translation to the terminal `out` as it settles (`translate_settling`),
@@ -213,6 +183,8 @@ def show_settling(out, translator: Translator, line: str, glossary: Glossary | N
             room = max(width - 1, 2)
             out.write(CLEAR_LINE + (text if len(text) <= room else "…" + text[1 - room:]))
             out.flush()
+
+    from aiayn.decoding.translate import translate_settling
 
     hyps = translate_settling(translator, line, show, glossary, first_line)
     final = translator.detokenize(hyps[0].tokens) if hyps else ""

@@ -62,6 +62,27 @@ def split_pieces(ids: Sequence[int], keep: int, starts_word: Callable[[int], boo
     return parts
 
 
+def paragraph_sources(translator: Any, paragraphs: Sequence[str],
+                      language: str = DEFAULT_LANGUAGE) -> list[tuple[int, str, list[int]]]:
+    """What to search for `paragraphs`, in reading order: (paragraph index, text, source ids)
+    for each sentence, or for each part of a sentence too long for `translator`'s model
+    (`split_pieces`; the part's text is its pieces detokenized). `aiayn serve`'s documents
+    are cut here too."""
+    tok = translator.src_tokenizer
+    keep = translator.max_src_tokens - 1  # room for EOS
+
+    def starts_word(i: int) -> bool:
+        return tok.id_to_piece(i).startswith(WORD_START)
+
+    out = []
+    for p, paragraph in enumerate(paragraphs):
+        for sentence in split_sentences(paragraph, language):
+            ids = list(tok.encode(sentence))
+            parts = split_pieces(ids, keep, starts_word) if ids else []
+            out += [(p, sentence if len(parts) == 1 else tok.decode(part), part) for part in parts]
+    return out
+
+
 def translate_paragraphs(translator: Any, paragraphs: Sequence[str],
                          language: str = DEFAULT_LANGUAGE, progress: bool = False,
                          glossary: Glossary | None = None, first_line: int = 1) -> list[str]:
@@ -69,25 +90,12 @@ def translate_paragraphs(translator: Any, paragraphs: Sequence[str],
     sentences, and the parts of those too long for the model (`split_pieces`), searched
     together through `translator` (`aiayn.decoding.translate.Translator`), best hypothesis
     each, joined by spaces. `glossary`: each sentence's (or part's) translation holds the
-    target terms of the source terms in its own text; ValueError naming the paragraph's line
+    target terms of the source terms in its own text; UserError naming the paragraph's line
     (numbered from `first_line`) when they cannot fit (`Translator.phrases`)."""
-    tok = translator.src_tokenizer
-    keep = translator.max_src_tokens - 1  # room for EOS
-
-    def starts_word(i: int) -> bool:
-        return tok.id_to_piece(i).startswith(WORD_START)
-
-    sources: list[list[int]] = []
-    owner: list[int] = []  # the paragraph of each source
-    texts: list[str] = []  # the text of each source, where a glossary's terms are looked for
-    for p, paragraph in enumerate(paragraphs):
-        for sentence in split_sentences(paragraph, language):
-            ids = list(tok.encode(sentence))
-            parts = split_pieces(ids, keep, starts_word) if ids else []
-            for part in parts:
-                sources.append(part)
-                owner.append(p)
-                texts.append(sentence if len(parts) == 1 else tok.decode(part))
+    units = paragraph_sources(translator, paragraphs, language)
+    owner = [p for p, _, _ in units]  # the paragraph of each source
+    texts = [text for _, text, _ in units]  # where a glossary's terms are looked for
+    sources = [ids for _, _, ids in units]
     phrases = None
     if glossary is not None:
         phrases = [translator.phrases([text], [src], glossary, first_line + p)[0]

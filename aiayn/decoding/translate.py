@@ -39,7 +39,6 @@ from aiayn.decoding.common import (
     decoder_length_cap,
     max_output_lengths,
     model_device,
-    resolve_mask,
 )
 from aiayn.decoding.engine import Phrases, SearchEngine
 from aiayn.decoding.glossary import Glossary
@@ -153,6 +152,7 @@ class Translator:
         if limit < 2:
             raise ValueError(f"the source limit must allow one piece and EOS, got {limit}")
         self.max_src_tokens = limit
+        self._continues: torch.Tensor | None = None  # `word_continuations`, made when first asked
 
     @classmethod
     def for_model(cls, model: Any, src_tokenizer: Any, tgt_tokenizer: Any | None = None,
@@ -204,21 +204,28 @@ class Translator:
         counted)."""
         out = []
         for n, (line, src) in enumerate(zip(lines, sources), start=first_line):
-            terms = glossary.terms(line) if src else []
-            ids = [list(self.tgt_tokenizer.encode(t)) for t in terms]
-            ids = [p for p in ids if p]
-            need = sum(len(p) for p in ids) + 1  # + EOS
-            if ids:
-                room = int(max_output_lengths(
-                    resolve_mask(torch.ones(1, len(src) + 1, dtype=torch.long), None),
-                    self.settings.max_len_a, self.settings.max_len_b,
-                    decoder_length_cap(self.model))[0])
-                if need > room:
-                    raise UserError(f"line {n}: its glossary terms take {need - 1} target "
-                                     f"pieces, and its translation may hold {room - 1} (with "
-                                     f"EOS, the maximum output length {room})")
-            out.append(ids)
+            try:
+                out.append(self.sentence_phrases(line, src, glossary))
+            except UserError as e:
+                raise UserError(f"line {n}: {e}") from None
         return out
+
+    def sentence_phrases(self, text: str, src: Sequence[int], glossary: Glossary
+                         ) -> list[list[int]]:
+        """`phrases` of one sentence, `text` with source ids `src`; its UserError says what,
+        not where (`aiayn serve` names the text its own way)."""
+        terms = glossary.terms(text) if src else []
+        ids = [p for p in (list(self.tgt_tokenizer.encode(t)) for t in terms) if p]
+        if ids:
+            need = sum(len(p) for p in ids) + 1  # + EOS
+            mask = torch.ones(1, len(src) + 1, dtype=torch.bool)  # the source and its EOS
+            room = int(max_output_lengths(mask, self.settings.max_len_a, self.settings.max_len_b,
+                                          decoder_length_cap(self.model))[0])
+            if need > room:
+                raise UserError(f"its glossary terms take {need - 1} target pieces, and its "
+                                f"translation may hold {room - 1} (with EOS, the maximum "
+                                f"output length {room})")
+        return ids
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         # A decoded piece could hold a newline; one output line per input line is the contract.
@@ -258,7 +265,7 @@ class Translator:
         """(V,) bool: the target pieces that continue a word (no sentencepiece word-start
         mark, a letter or digit first), which a glossary term may not be followed by: its
         word ends with it. Computed once."""
-        if getattr(self, "_continues", None) is None:
+        if self._continues is None:
             tok = self.tgt_tokenizer
             flags = []
             for i in range(tok.vocab_size):
@@ -416,6 +423,36 @@ class Translator:
         attn = hyp.attention[0, 0].cpu().numpy()  # (T, S)
         return SentenceAlignment.build(line, self.detokenize(hyp.tokens), src_pieces, tgt_pieces,
                                        attn, layer, head, unit)
+
+
+def translate_settling(translator: Translator, line: str,
+                       on_settled: Callable[[list[int]], None],
+                       glossary: Glossary | None = None, first_line: int = 1
+                       ) -> list[Hypothesis]:
+    """Translate one line through an engine of its own (`SearchEngine.run`), calling
+    `on_settled(pieces)` each time the settled prefix of its translation grows (after a step,
+    `SearchEngine.settled`: the pieces its final best translation is sure to start with); the
+    line's hypotheses, best first, as `Translator.hypotheses` finds them (`glossary`: its
+    phrases; `first_line`: the line's number in messages)."""
+    sources = translator.prepare([line], first_line)
+    phrases = (None if glossary is None
+               else translator.phrases([line], sources, glossary, first_line)[0])
+    engine = translator.engine(1, lexical=glossary is not None)
+
+    def feed(idle: bool) -> bool:
+        engine.submit(0, sources[0], phrases)
+        return False
+
+    found: list[Hypothesis] = []
+    shown = 0
+    for finished in engine.run(feed):
+        for _, hyps in finished:
+            found = hyps
+        for _, prefix in engine.settled():
+            if len(prefix) > shown:
+                shown = len(prefix)
+                on_settled(list(prefix))
+    return found
 
 
 def format_nbest(index: int, entries: Sequence[tuple[float, str]]) -> Iterator[str]:

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from aiayn.decoding.documents import DEFAULT_LANGUAGE
 from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.translate import confidence
+from aiayn.errors import UserError
 from aiayn.serving.batcher import Batcher, Job, QueueFull, ShuttingDown
 from aiayn.serving.documents import Documents, join_documents, split_documents
 from aiayn.serving.metrics import Metrics
@@ -324,7 +325,7 @@ def glossary_phrases(served: ServedModel, req: TranslateRequest, texts: list[str
     for text, src, where in units:
         try:
             phrases.append(served.phrases(text, src, glossary))
-        except ValueError as e:
+        except UserError as e:
             raise RequestError(400, f"{where}: {e}") from None
     return phrases if any(phrases) else None
 

@@ -1,8 +1,8 @@
 """`"format": "document"` in `POST /translate`: each text a document whose lines are paragraphs,
 translated as `aiayn translate --documents` translates its lines (aiayn/decoding/documents.py).
 
-Each paragraph is split into sentences (`split_sentences`, sentencex), a sentence too long for
-the model is cut between words into parts that fit (`split_pieces`), never truncated, and every
+Each paragraph is split into sentences (sentencex), a sentence too long for the model is cut
+between words into parts that fit, never truncated (both `paragraph_sources`), and every
 sentence (or part) of every document of the request becomes one sentence of one batcher job, so
 documents share the server's continuous batching with everything else. Each paragraph is put
 back from its sentences' best translations joined by single spaces (an empty one left out), and
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from aiayn.decoding.documents import WORD_START, split_pieces, split_sentences
+from aiayn.decoding.documents import paragraph_sources
 
 LINE_BREAK = re.compile(r"\r\n|\n|\r")
 
@@ -61,24 +61,13 @@ def split_lines(text: str) -> tuple[list[str], list[str]]:
 def split_documents(translator: Any, texts: Sequence[str], language: str) -> Documents:
     """The sentences of `texts`, each a document (module doc), for `translator`'s model
     (`aiayn.decoding.translate.Translator`: its source tokenizer and `max_src_tokens`)."""
-    tok = translator.src_tokenizer
-    keep = translator.max_src_tokens - 1  # room for EOS
-
-    def starts_word(i: int) -> bool:
-        return tok.id_to_piece(i).startswith(WORD_START)
-
     all_lines, all_breaks, sentences = [], [], []
     for d, text in enumerate(texts):
         lines, breaks = split_lines(text)
         all_lines.append(lines)
         all_breaks.append(breaks)
-        for n, line in enumerate(lines):
-            for sentence in split_sentences(line, language):
-                ids = list(tok.encode(sentence))
-                parts = split_pieces(ids, keep, starts_word) if ids else []
-                for part in parts:
-                    sentences.append(Sentence(d, n, sentence if len(parts) == 1
-                                              else tok.decode(part), part))
+        sentences += [Sentence(d, n, part, ids)
+                      for n, part, ids in paragraph_sources(translator, lines, language)]
     return Documents(all_lines, all_breaks, sentences)
 
 

@@ -16,7 +16,6 @@ from aiayn.decoding.common import Hypothesis
 from aiayn.decoding.engine import SearchEngine
 from aiayn.decoding.glossary import Glossary
 from aiayn.decoding.translate import Translator
-from aiayn.errors import UserError
 from aiayn.model.counting import count_parameters
 
 
@@ -85,12 +84,10 @@ class ServedModel:
 
     def phrases(self, text: str, src: Sequence[int], glossary: Glossary) -> list[list[int]]:
         """The target phrases (piece ids) of the glossary's terms found in `text` (source ids
-        `src`), as `aiayn translate --glossary` makes them (`Translator.phrases`); ValueError,
-        one line saying why, when they take more pieces than its translation may hold."""
-        try:
-            return self.base.phrases([text], [src], glossary)[0]
-        except UserError as e:
-            raise ValueError(str(e).removeprefix("line 1: ")) from None
+        `src`), as `aiayn translate --glossary` makes them (`Translator.sentence_phrases`);
+        UserError, one line saying why, when they take more pieces than its translation may
+        hold."""
+        return self.base.sentence_phrases(text, src, glossary)
 
     def translator(self, beam_size: int, alpha: float) -> Translator:
         """The base translator with a request's beam size and alpha (model worker thread)."""
