@@ -427,7 +427,6 @@ class BeamSearch:
         self.last = live_tok.reshape(-1, 1)
         return finished
 
-
     def _allocate(self, logits: Tensor, t_rows: Tensor, allowed: Tensor | None, n_cand: int
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """A constrained step's candidates in the order its beams are dealt
@@ -442,14 +441,13 @@ class BeamSearch:
             mask &= allowed
         logp.masked_fill_(~mask, NEG_INF)  # (n k, V)
         best_lp, best_tok = row_topk(logp, min(n_cand, vocab))  # (n k, c)
-        want_tok = state.tok.clamp(min=0)  # (n k, C)
-        want_lp = logp.gather(1, want_tok)
+        want_tok, wanted = state.tok.clamp(min=0), state.wanted()  # (n k, C) each
         cols = torch.arange(state.width, device=logp.device)
         # a piece once per beam: not again when it is among the best, nor for a second phrase
         again = (want_tok[:, :, None] == best_tok[:, None, :]).any(dim=2)  # (n k, C)
-        earlier = (want_tok[:, :, None] == want_tok[:, None, :]) & state.wanted()[:, None, :]
+        earlier = (want_tok[:, :, None] == want_tok[:, None, :]) & wanted[:, None, :]
         again |= (earlier & (cols[None, :] < cols[:, None])).any(dim=2)
-        want_lp = want_lp.masked_fill(~state.wanted() | again, NEG_INF)
+        want_lp = logp.gather(1, want_tok).masked_fill(~wanted | again, NEG_INF)
         tok = torch.cat([best_tok, want_tok], dim=1)  # (n k, m)
         lp = torch.cat([best_lp, want_lp], dim=1)
         m = tok.size(1)

@@ -132,6 +132,11 @@ class PhraseState:
         """(R, C) the columns that hold a piece."""
         return self.tok != NO_TOKEN
 
+    @property
+    def first(self) -> Tensor:
+        """(R, C) the columns that hold a phrase's first piece."""
+        return (self.start == torch.arange(self.width, device=self.tok.device)) & self.real
+
     def unmet(self) -> Tensor:
         """(R,) the constraint pieces each row has still to write."""
         return (self.real & ~self.met).sum(dim=1)
@@ -155,10 +160,9 @@ class PhraseState:
         """(R, C) bool: the columns whose piece would start or continue a phrase: the next piece
         of the phrase in progress, else the first piece of every phrase not yet written."""
         cols = torch.arange(self.width, device=self.tok.device)
-        is_start = (self.start == cols) & self.real
         writing = self.progress >= 0
         return torch.where(writing[:, None], cols == self.progress[:, None],
-                           is_start & ~self.met)
+                           self.first & ~self.met)
 
     def _in_progress(self) -> Tensor:
         """(R, C) the columns of the phrase each row is writing (none when progress is -1)."""
@@ -174,9 +178,7 @@ class PhraseState:
         cont = writing & (tokens == self.tok[r, p][:, None])  # (R, m)
         phrase = self._in_progress()  # (R, C)
         done_here = (phrase & self.met).sum(dim=1, keepdim=True)  # (R, 1) undone on abandoning
-        cols = torch.arange(self.width, device=self.tok.device)
-        is_start = (self.start == cols) & self.real
-        free = is_start & (~self.met | phrase)  # (R, C) phrases a fresh piece may start
+        free = self.first & (~self.met | phrase)  # (R, C) phrases a fresh piece may start
         starts = (free[:, None, :] & (tokens[:, :, None] == self.tok[:, None, :])).any(dim=2)
         after_abandon = count - torch.where(writing, done_here, 0) + starts.long()
         return torch.where(cont, count + 1, after_abandon)
@@ -194,9 +196,7 @@ class PhraseState:
         # abandoned: the phrase's pieces count as unwritten; the piece may start a phrase
         abandon = writing & ~cont
         met &= ~(abandon[:, None] & self._in_progress())
-        cols = torch.arange(self.width, device=self.tok.device)
-        is_start = (self.start == cols) & self.real
-        hit = is_start & ~met & (tokens[:, None] == self.tok) & ~cont[:, None]  # (R, C)
+        hit = self.first & ~met & (tokens[:, None] == self.tok) & ~cont[:, None]  # (R, C)
         found = hit.any(dim=1)
         first = hit.to(torch.int8).argmax(dim=1)  # the first phrase the piece starts
         met[r[found], first[found]] = True
