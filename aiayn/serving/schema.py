@@ -67,7 +67,8 @@ class TranslateRequest(BaseModel):
                                                   "and the probability of each of its pieces")
     stream: StrictBool = Field(False, description="answer as server-sent events: each text's "
                                                   "settled prefix as it grows, then the response")
-    glossary: list[tuple[StrictStr, StrictStr]] | dict[StrictStr, StrictStr] | None = Field(
+    # a list or an object as sent; `_glossary_pairs` makes either the list of pairs kept here
+    glossary: list[tuple[StrictStr, StrictStr]] | None = Field(
         None, description=f"[[source term, target term], ...] or {{source term: target term}}: "
                           f"the target term is in the translation of every text holding the "
                           f"source term as whole words; at most {MAX_GLOSSARY_ENTRIES} entries, "
@@ -141,8 +142,7 @@ class TranslateRequest(BaseModel):
     @property
     def glossary_pairs(self) -> list[tuple[str, str]]:
         """The glossary's (source term, target term) pairs, in order ([] without one)."""
-        g = self.glossary
-        return [] if g is None else list(g.items()) if isinstance(g, dict) else list(g)
+        return list(self.glossary or [])
 
     @property
     def document(self) -> bool:
