@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -121,17 +122,27 @@ def client(port: int, sentences: list[str], results: list, timeout: float) -> No
     conn.close()
 
 
-def run_level(port: int, n_clients: int, per_client: int, pool: list[str], timeout: float) -> dict:
-    work = [[pool[(i * per_client + j) % len(pool)] for j in range(per_client)] for i in range(n_clients)]
+def closed_loop(n_clients: int, per_client: int, pool: list[str],
+                run: Callable[[list[str], list], None]) -> tuple[list, float]:
+    """`n_clients` threads at once, each `run(its sentences, results)` over `per_client` of
+    `pool` (taken in turn): everything the clients appended to `results`, and the wall seconds
+    (this script's and stream_latency.py's load)."""
+    work = [[pool[(i * per_client + j) % len(pool)] for j in range(per_client)]
+            for i in range(n_clients)]
     results: list = []
-    threads = [threading.Thread(target=client, args=(port, w, results, timeout)) for w in work]
-    batches0, sents0 = batch_totals(port)
+    threads = [threading.Thread(target=run, args=(w, results)) for w in work]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
+    return results, time.perf_counter() - start
+
+
+def run_level(port: int, n_clients: int, per_client: int, pool: list[str], timeout: float) -> dict:
+    batches0, sents0 = batch_totals(port)
+    results, wall = closed_loop(n_clients, per_client, pool,
+                                lambda w, out: client(port, w, out, timeout))
     batches1, sents1 = batch_totals(port)
     ok = [r for r in results if r[1] == 200]
     lat = sorted(r[2] for r in ok)

@@ -34,14 +34,13 @@ import json
 import signal
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench_serve import add_server_arguments, machine, start_server  # noqa: E402
+from bench_serve import add_server_arguments, closed_loop, machine, start_server  # noqa: E402
 
 from aiayn.files import atomic_write  # noqa: E402
 
@@ -145,17 +144,8 @@ def concurrent(port: int, sentences: list[str], n_clients: int, per_client: int,
                fields: dict, timeout: float) -> tuple[dict, list]:
     """`n_clients` closed-loop clients, `per_client` requests each: the level's figures and its
     (sentence, seconds, translation) results."""
-    work = [[sentences[(i * per_client + j) % len(sentences)] for j in range(per_client)]
-            for i in range(n_clients)]
-    results: list = []
-    threads = [threading.Thread(target=client, args=(port, w, stream, fields, results, timeout))
-               for w in work]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    results, wall = closed_loop(n_clients, per_client, sentences,
+                                lambda w, out: client(port, w, stream, fields, out, timeout))
     ok = sorted(r[1] for r in results if r[2] is not None)
     q = (statistics.quantiles(ok, n=100, method="inclusive") if len(ok) > 1
          else ok * 99 or [None] * 99)

@@ -83,6 +83,15 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
                           capture_output=True, timeout=timeout)
 
 
+def run_script(script: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A script of the repository (benchmarks/, tools/) in a fresh process with this Python, the
+    repository importable and one thread, as `run_cli` runs the CLI; matplotlib draws off
+    screen."""
+    e = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, str(script), *args], cwd=REPO, env=e, text=True,
+                          capture_output=True, timeout=timeout)
+
+
 def train_until_killed(out: Path, args: list[str], step: int = 10) -> None:
     """`aiayn train --out OUT ARGS` in a fresh process, killed with SIGKILL once the checkpoint of
     `step` is written; asserts that it was killed before it finished."""

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
@@ -16,7 +13,7 @@ import sacrebleu
 from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator, confidence
 
-from helpers import REPO, TEXTS, reverser_model_dir
+from helpers import REPO, TEXTS, reverser_model_dir, run_script
 
 SCRIPT = REPO / "benchmarks" / "confidence_eval.py"
 
@@ -42,11 +39,9 @@ def test_signals_correlations_and_thresholds(tmp_path):
     (tmp_path / "src.txt").write_text("".join(s + "\n" for s in srcs), encoding="utf-8")
     (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
     out, png = tmp_path / "c.json", tmp_path / "c.png"
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model), "--src", str(tmp_path / "src.txt"),
-           "--ref", str(tmp_path / "ref.txt"), "--precision", "fp32", "--out", str(out),
-           "--plot", str(png)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    done = run_script(SCRIPT, "--model", str(model), "--src", str(tmp_path / "src.txt"),
+                      "--ref", str(tmp_path / "ref.txt"), "--precision", "fp32", "--out",
+                      str(out), "--plot", str(png))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| score |" in done.stdout and "| top 50% |" in done.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,10 +5,7 @@ and its coverage, sacreBLEU and timing figures are what its own outputs give."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
@@ -16,7 +13,7 @@ import sacrebleu
 from aiayn.data.model_dir import load_model
 from aiayn.decoding.translate import Translator
 
-from helpers import REPO, TEXTS, reverser_model_dir
+from helpers import REPO, TEXTS, reverser_model_dir, run_script
 
 SCRIPT = REPO / "benchmarks" / "glossary_eval.py"
 PUNCT = ".,;:!?\"'()"
@@ -37,11 +34,10 @@ def test_terms_coverage_bleu_and_timing(tmp_path):
     (tmp_path / "src.txt").write_text("".join(s + "\n" for s in srcs), encoding="utf-8")
     (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
     out = tmp_path / "g.json"
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model), "--src", str(tmp_path / "src.txt"),
-           "--ref", str(tmp_path / "ref.txt"), "--terms", "2", "--seed", "3", "--repeats", "2",
-           "--precision", "fp32", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    args = ["--model", str(model), "--src", str(tmp_path / "src.txt"), "--ref",
+            str(tmp_path / "ref.txt"), "--terms", "2", "--seed", "3", "--repeats", "2",
+            "--precision", "fp32", "--out", str(out)]
+    done = run_script(SCRIPT, *args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| sacreBLEU, whole test set (7) |" in done.stdout
     r = json.loads(out.read_text(encoding="utf-8"))
@@ -89,5 +85,5 @@ def test_terms_coverage_bleu_and_timing(tmp_path):
     ratio = r["median_seconds"]["constrained"] / r["median_seconds"]["unconstrained"]
     assert r["time_ratio_constrained"] == pytest.approx(ratio, rel=1e-2)
 
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    again = run_script(SCRIPT, *args)
     assert again.returncode != 0 and "exists" in again.stderr  # never overwrites

@@ -6,13 +6,10 @@ concurrent request answered)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, TEXTS, reverser_model_dir
+from helpers import REPO, TEXTS, reverser_model_dir, run_script
 
 SCRIPT = REPO / "benchmarks" / "stream_latency.py"
 
@@ -26,12 +23,10 @@ def test_streamed_equals_plain_and_figures_are_consistent(tmp_path, beam):
              TEXTS[0], "die kinder spielen im garten", "ein hund", TEXTS[4]]
     (tmp_path / "s.txt").write_text("".join(s + "\n" for s in lines), encoding="utf-8")
     out = tmp_path / "s.json"
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model), "--sentences",
-           str(tmp_path / "s.txt"), "--words", "6", "--n", "4", "--clients", "3",
-           "--per-client", "2", "--threads", "1", "--out", str(out)]
-    cmd += [] if beam is None else ["--beam-size", str(beam)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    args = ["--model", str(model), "--sentences", str(tmp_path / "s.txt"), "--words", "6",
+            "--n", "4", "--clients", "3", "--per-client", "2", "--threads", "1", "--out", str(out)]
+    args += [] if beam is None else ["--beam-size", str(beam)]
+    done = run_script(SCRIPT, *args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| streamed, first words |" in done.stdout
     r = json.loads(out.read_text(encoding="utf-8"))
